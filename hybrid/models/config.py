@@ -1,0 +1,118 @@
+"""`TinyModelConfig`: the typed, validated shape of a Qwen2-architecture model built locally.
+
+Owns the sizes, the vocabulary choice, the checkpoint dtype and the named presets (`tiny` for
+tests and CPU runs, `bench-100m` for benchmarks). No torch or transformers import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from hybrid.models.tokenizer import VOCAB_NAMES, VocabName
+
+CheckpointDtype = Literal["bfloat16", "float32"]
+PresetName = Literal["tiny", "bench-100m"]
+MIN_HEAD_DIM = 32
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Sizes of a Qwen2ForCausalLM built from scratch (defaults: the ~0.3M-parameter test model)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_hidden_layers: int = 2
+    """Number of decoder layers."""
+    num_attention_heads: int = 2
+    """Query heads; head_dim = hidden_size / num_attention_heads must be >= 32."""
+    num_key_value_heads: int = 1
+    """Key/value heads (GQA); must divide num_attention_heads."""
+    intermediate_size: int = 256
+    """Width of the SwiGLU MLP."""
+    max_position_embeddings: int = 512
+    """Longest sequence (prompt + response) the model and tokenizer accept."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding with the LM head (only `model.embed_tokens.weight` is saved)."""
+    vocab: VocabName = "text"
+    """Tokenizer vocabulary: "text" (all bytes, 272 ids, any string round-trips) or "arithmetic"
+    (digits, + and =; 16 ids, for learnability experiments). See hybrid/models/tokenizer.py."""
+    dtype: CheckpointDtype = "bfloat16"
+    """dtype of the saved weights and of `dtype` in config.json. bfloat16 is what vLLM and the
+    FSDP2 mixed-precision policy compute in, so both load the checkpoint without a cast;
+    float32 is for exact-arithmetic CPU tests."""
+    initializer_range: float = 0.02
+    """Std of the normal init of every matrix (embeddings and linears); biases are 0, norms 1."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.head_dim < MIN_HEAD_DIM or self.head_dim % 2:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} gives head_dim "
+                f"{self.head_dim} (hidden_size / num_attention_heads); it must be even and >= "
+                f"{MIN_HEAD_DIM} because vLLM's CPU attention kernels reject smaller heads "
+                "(head_dim 16 fails) and RoPE needs an even head_dim"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.vocab not in VOCAB_NAMES:
+            raise ValueError(f"vocab must be one of {VOCAB_NAMES}, got {self.vocab!r}")
+        if self.dtype not in get_args(CheckpointDtype):
+            raise ValueError(
+                f"dtype must be one of {get_args(CheckpointDtype)}, got {self.dtype!r}"
+            )
+        if not self.initializer_range > 0:
+            raise ValueError(f"initializer_range must be > 0, got {self.initializer_range!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width: hidden_size // num_attention_heads."""
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def preset(cls, name: PresetName, **overrides: Any) -> TinyModelConfig:
+        """A named size, optionally with some fields overridden.
+
+        - "tiny": the defaults (hidden 128, 2 layers, 2 heads, 1 KV head), ~0.3M parameters.
+        - "bench-100m": hidden 768, 12 layers, 12 heads (head_dim 64), 4 KV heads,
+          MLP 3072, 2048 positions: ~104M parameters, Qwen2-shaped, for benchmarks.
+        """
+        if name not in _PRESETS:
+            raise ValueError(f"preset must be one of {tuple(_PRESETS)}, got {name!r}")
+        return dataclasses.replace(_PRESETS[name], **overrides)
+
+
+_PRESETS: dict[str, TinyModelConfig] = {
+    "tiny": TinyModelConfig(),
+    "bench-100m": TinyModelConfig(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=3072,
+        max_position_embeddings=2048,
+    ),
+}

@@ -1,0 +1,113 @@
+"""Deterministic builder of small Qwen2 checkpoints (weights, configs, tokenizer) on local disk.
+
+Owns `build_tiny_model`: a complete Hugging Face model directory that
+`AutoModelForCausalLM`, `AutoTokenizer` and vLLM load without network. Weights are drawn
+tensor by tensor from a private `torch.Generator` seeded with `seed` (the global RNG is never
+touched), in parameter-name order, in fp32 and then cast to the checkpoint dtype; no model is
+materialised (shapes come from a meta-device model), so the ~100M benchmark model builds in
+about a second. Same config + seed gives byte-identical files; the init (normal(0,
+initializer_range) matrices, zero biases, unit norms) is ours, not transformers', so it does
+not change with the transformers version. Files already in `output_dir` with the same names
+are overwritten; other files are left alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from hybrid.models.config import TinyModelConfig
+from hybrid.models.tokenizer import (
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    build_tokenizer,
+    save_tokenizer,
+    vocab_size,
+)
+
+WEIGHTS_NAME = "model.safetensors"
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+_DEFAULT_CONFIG = TinyModelConfig()
+
+
+def qwen2_config(config: TinyModelConfig) -> Qwen2Config:
+    """The transformers config of the model `config` describes (vocab_size from its tokenizer)."""
+    return Qwen2Config(
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=vocab_size(config.vocab),
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        max_window_layers=config.num_hidden_layers,
+        tie_word_embeddings=config.tie_word_embeddings,
+        initializer_range=config.initializer_range,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rms_norm_eps=1e-6,
+        dtype=_DTYPES[config.dtype],
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+
+
+def parameter_shapes(config: TinyModelConfig) -> dict[str, torch.Size]:
+    """HF parameter names and shapes, in module order, tied weights listed once.
+
+    Built on the meta device: no memory is allocated, whatever the size.
+    """
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(qwen2_config(config))
+    return {name: param.shape for name, param in model.named_parameters()}
+
+
+def count_parameters(config: TinyModelConfig) -> int:
+    """Number of distinct parameters (a tied LM head counts once)."""
+    return sum(shape.numel() for shape in parameter_shapes(config).values())
+
+
+def init_state_dict(config: TinyModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Freshly initialised weights keyed by HF name, in the checkpoint dtype, on CPU."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = _DTYPES[config.dtype]
+    state: dict[str, torch.Tensor] = {}
+    shapes = parameter_shapes(config)
+    for name in sorted(shapes):  # sorted: the draw order does not follow module order
+        shape = shapes[name]
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(shape, dtype=dtype)
+        elif name.endswith(".bias"):
+            tensor = torch.zeros(shape, dtype=dtype)
+        else:
+            tensor = torch.empty(shape, dtype=torch.float32)
+            tensor.normal_(0.0, config.initializer_range, generator=generator)
+            tensor = tensor.to(dtype)
+        state[name] = tensor
+    return state
+
+
+def build_tiny_model(
+    output_dir: str | Path, config: TinyModelConfig = _DEFAULT_CONFIG, seed: int = 0
+) -> Path:
+    """Write config.json, generation_config.json, model.safetensors and the tokenizer files
+    of a fresh Qwen2ForCausalLM into `output_dir` (created if needed) and return it."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    hf_config = qwen2_config(config)
+    hf_config.save_pretrained(output_dir)
+    generation_config = GenerationConfig(
+        bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID
+    )
+    generation_config.save_pretrained(output_dir)
+    save_file(init_state_dict(config, seed), output_dir / WEIGHTS_NAME, metadata={"format": "pt"})
+    tokenizer = build_tokenizer(config.vocab, config.max_position_embeddings)
+    # vLLM refuses a tokenizer larger than the embedding; ours are built to be equal.
+    assert len(tokenizer) == hf_config.vocab_size
+    save_tokenizer(tokenizer, output_dir)
+    return output_dir

@@ -1,0 +1,44 @@
+"""Suite-wide fixtures: one Ray cluster per session, and the `gpu` marker's skip rule."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA: no GPU visible")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster for the whole session, shut down at the end.
+
+    Logical CPUs are oversubscribed (8 slots on a 2-core machine) so that a test can start a
+    group of its own next to the shared one; the workers mostly wait on each other anyway.
+    Test modules hold Worker classes, so the workers need the repo root on their path.
+    """
+    import ray
+
+    from hybrid.controller import ensure_ray
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    started_here = not ray.is_initialized()
+    ensure_ray(num_cpus=8)
+    yield
+    if started_here:
+        ray.shutdown()

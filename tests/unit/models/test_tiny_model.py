@@ -1,0 +1,170 @@
+"""The tiny-model builder: transformers loads what it writes, and it is deterministic."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hybrid.models import (
+    TinyModelConfig,
+    build_tiny_model,
+    count_parameters,
+    unknown_characters,
+    vocab_size,
+)
+
+pytestmark = pytest.mark.unit
+
+EXPECTED_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig(), seed=0)
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+def test_writes_a_complete_qwen2_directory(tiny_dir: Path) -> None:
+    assert {p.name for p in tiny_dir.iterdir()} == EXPECTED_FILES
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.model_type == "qwen2"
+    assert model.dtype == torch.bfloat16
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    assert len(tokenizer) == model.config.vocab_size == vocab_size("text")
+    for ids in (model.config, model.generation_config):
+        assert (ids.bos_token_id, ids.eos_token_id, ids.pad_token_id) == (
+            tokenizer.bos_token_id,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+        )
+
+
+def test_untied_float32_variant(tmp_path: Path) -> None:
+    config = TinyModelConfig(tie_word_embeddings=False, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, config))
+    assert model.dtype == torch.float32
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    assert count_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_forward_and_generate(tiny_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    inputs = tokenizer(["1+2=", "12+34="], return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        logits = model(**inputs).logits  # (batch, seq, vocab)
+        out = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert logits.shape == (2, 6, model.config.vocab_size)
+    assert torch.isfinite(logits).all()
+    assert out.shape[0] == 2 and 6 < out.shape[1] <= 11
+    assert int(out.max()) < model.config.vocab_size
+
+
+def test_tokenizer_round_trip_and_chat_template(tiny_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    for text in ("12+34=46", 'Hi, "Bob"! (3*4)/2 = 6; 50% of $8 #1?\n\tok.'):
+        ids = tokenizer(text)["input_ids"]
+        assert len(ids) == len(text)  # one token per ASCII character, nothing prepended
+        assert tokenizer.decode(ids) == text
+    # Byte-level: nothing is unknown, non-ASCII text round-trips too (é is 2 bytes, 😀 is 4).
+    ids = tokenizer("1é2😀")["input_ids"]
+    assert len(ids) == 8 and tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == "1é2😀"
+    assert unknown_characters("1é2😀", "text") == []
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "1+2="}], add_generation_prompt=True, tokenize=False
+    )
+    assert rendered == "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer(rendered)["input_ids"]
+    assert ids[0] == ids[-11] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert ids.count(tokenizer.eos_token_id) == 1
+    assert tokenizer.decode(ids) == rendered
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "user\n1+2=\nassistant\n"
+
+
+def test_arithmetic_vocab(tmp_path: Path) -> None:
+    build_tiny_model(tmp_path, TinyModelConfig(vocab="arithmetic"), seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert len(tokenizer) == vocab_size("arithmetic") == 16
+    assert tokenizer.decode(tokenizer("12+34=46")["input_ids"]) == "12+34=46"
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "1+2="}], add_generation_prompt=True, tokenize=False
+    )
+    assert rendered == "<|im_start|>1+2=<|im_end|><|im_start|>"
+    assert tokenizer(rendered)["input_ids"] == [1, 5, 14, 6, 15, 2, 1]
+    assert unknown_characters("1-2 =x-", "arithmetic") == ["-", " ", "x"]
+
+
+def test_transformers_loads_qwen2_dirs_as_byte_level_qwen2_tokenizer(tmp_path: Path) -> None:
+    """Why tokenizer.py builds a byte-level BPE (transformers 5.x): AutoTokenizer (and vLLM)
+    rebuild any qwen2 directory's tokenizer as Qwen2Tokenizer, keeping only vocab and merges,
+    with no unk token, so a character outside a small vocabulary is dropped. If this test
+    fails, transformers honours tokenizer.json again and a WordLevel tokenizer with a real
+    <|unk|> becomes possible for the arithmetic vocabulary."""
+    build_tiny_model(tmp_path, TinyModelConfig(vocab="arithmetic"), seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    assert tokenizer.decode(tokenizer("1-2")["input_ids"]) == "12"
+
+
+def test_build_is_byte_identical_and_seeded(tiny_dir: Path, tmp_path: Path) -> None:
+    rng_before = torch.random.get_rng_state()
+    again = build_tiny_model(tmp_path / "again", TinyModelConfig(), seed=0)
+    assert torch.equal(torch.random.get_rng_state(), rng_before)  # global RNG untouched
+    assert _digests(again) == _digests(tiny_dir)
+    other = _digests(build_tiny_model(tmp_path / "other", TinyModelConfig(), seed=1))
+    assert other["model.safetensors"] != _digests(tiny_dir)["model.safetensors"]
+    assert {k: v for k, v in other.items() if k != "model.safetensors"} == {
+        k: v for k, v in _digests(tiny_dir).items() if k != "model.safetensors"
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"hidden_size": 64, "num_attention_heads": 4}, "num_attention_heads"),
+        ({"hidden_size": 130}, "hidden_size"),
+        (
+            {"num_key_value_heads": 3, "hidden_size": 192, "num_attention_heads": 2},
+            "num_key_value_heads",
+        ),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),
+        ({"vocab": "bpe"}, "vocab"),
+        ({"dtype": "float16"}, "dtype"),
+    ],
+)
+def test_invalid_config_names_the_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        TinyModelConfig(**overrides)  # type: ignore[arg-type]
+
+
+def test_small_head_dim_error_says_why() -> None:
+    with pytest.raises(ValueError, match=r"head_dim 16 .*vLLM"):
+        TinyModelConfig(hidden_size=128, num_attention_heads=8, num_key_value_heads=1)
+
+
+def test_presets() -> None:
+    assert TinyModelConfig.preset("tiny") == TinyModelConfig()
+    bench = TinyModelConfig.preset("bench-100m")
+    assert bench.head_dim == 64
+    assert 80e6 <= count_parameters(bench) <= 130e6  # counted on the meta device
+    assert TinyModelConfig.preset("bench-100m", vocab="arithmetic").vocab == "arithmetic"
+    with pytest.raises(ValueError, match="preset"):
+        TinyModelConfig.preset("huge")  # type: ignore[arg-type]
