@@ -1,0 +1,1 @@
+"""Pure tensor math of the RL objective: no Ray, no vLLM, no process groups."""

@@ -1,0 +1,56 @@
+"""RolloutConfig: the vLLM engine and its sampling settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybrid.validation import check_positive
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism; the rollout mesh is (world / tp) x tp."""
+    max_model_len: int = 512
+    """Longest prompt + response the engine schedules."""
+    prompt_length: int = 64
+    """Width prompts are left-padded to in the returned tensors."""
+    response_length: int = 32
+    """Max new tokens; responses are right-padded to this width."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling (-1 = off)."""
+    seed: int = 0
+    """Base sampling seed; row i of a call samples with seed + its `seed` column or index."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take (weights + KV cache) on CUDA."""
+    kv_cache_memory_bytes: int | None = 64 << 20
+    """Explicit KV-cache size; required on CPU (otherwise vLLM takes ~12 GiB of RAM)."""
+    load_format: Literal["auto", "dummy"] = "dummy"
+    """dummy: random weights at start, the first sync fills them (nothing read from disk)."""
+    enforce_eager: bool = True
+    """No CUDA graphs (they pin memory across sleep/wake)."""
+    free_cache_engine: bool = True
+    """Release the KV cache in trainer mode (vLLM sleep mode on CUDA)."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "rollout",
+            tensor_parallel_size=self.tensor_parallel_size,
+            max_model_len=self.max_model_len,
+            prompt_length=self.prompt_length,
+            response_length=self.response_length,
+        )
+        if self.prompt_length + self.response_length > self.max_model_len:
+            raise ValueError(
+                f"rollout.prompt_length ({self.prompt_length}) + rollout.response_length "
+                f"({self.response_length}) exceeds rollout.max_model_len ({self.max_model_len})"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")

@@ -1,0 +1,142 @@
+"""The in-process vLLM engine: one `vllm.LLM` per rank under `external_launcher`.
+
+The engine joins the torch.distributed world the worker already created, so every rank owns
+an engine that lives in the same process as the FSDP actor (no IPC, no second copy of the
+driver). Sleep mode (KV-cache release, weight offload) exists only on CUDA; on CPU `release`
+and `resume` do nothing and the state machine above them is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from hybrid.rollout.base import GeneratedSample, ResumeTag
+from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.vllm_compat import refresh_tied_lm_head
+
+
+class VllmEngine:
+    """Implements `RolloutEngine` with vLLM; build it after torch.distributed is initialised."""
+
+    def __init__(self, model_path: str, config: RolloutConfig, device: torch.device) -> None:
+        # The engine must run in this process: the weight sync hands it tensors by reference.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        self.config = config
+        self.on_cuda = device.type == "cuda"
+        memory: dict[str, Any] = {}
+        if config.kv_cache_memory_bytes is not None:
+            memory["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+        if self.on_cuda:
+            memory["gpu_memory_utilization"] = config.gpu_memory_utilization
+        self.llm = LLM(
+            model=model_path,
+            dtype="bfloat16",
+            enforce_eager=config.enforce_eager,
+            max_model_len=config.max_model_len,
+            tensor_parallel_size=config.tensor_parallel_size,
+            distributed_executor_backend="external_launcher",
+            load_format=config.load_format,
+            seed=config.seed,
+            enable_sleep_mode=self.on_cuda,
+            enable_prefix_caching=True,
+            **memory,
+        )
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        """The engine's torch module (same process: returned by reference)."""
+        return self.llm.collective_rpc(_get_model)[0]
+
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        *,
+        greedy: bool = False,
+        seeds: Sequence[int] | None = None,
+    ) -> list[GeneratedSample]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        c = self.config
+
+        def params(seed: int | None) -> SamplingParams:
+            if greedy:
+                return SamplingParams(temperature=0.0, max_tokens=c.response_length, logprobs=0)
+            return SamplingParams(
+                temperature=c.temperature,
+                top_p=c.top_p,
+                top_k=c.top_k,
+                max_tokens=c.response_length,
+                logprobs=0,
+                seed=seed,
+            )
+
+        per_prompt = (
+            [params(None)] * len(prompts) if seeds is None else [params(int(s)) for s in seeds]
+        )
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_prompt, use_tqdm=False
+        )
+        samples = []
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            assert completion.logprobs is not None
+            steps: list[Any] = list(completion.logprobs)
+            log_probs = [step[token].logprob for token, step in zip(ids, steps, strict=True)]
+            samples.append(
+                GeneratedSample(token_ids=ids, log_probs=log_probs, text=completion.text)
+            )
+        return samples
+
+    def score(self, sequences: Sequence[list[int]]) -> list[list[float]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False
+        )
+        scores = []
+        for seq, out in zip(sequences, outputs, strict=True):
+            assert out.prompt_logprobs is not None
+            positions: list[Any] = list(out.prompt_logprobs)
+            scores.append([positions[i][seq[i]].logprob for i in range(1, len(seq))])
+        return scores
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """vLLM's in-place reload: streams the iterator through the model's own loaders and
+        re-runs post-load processing (the CPU backend's weight repacking) layer by layer."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.after_load()
+
+    def after_load(self) -> None:
+        """Invalidate what was computed from the old weights."""
+        refresh_tied_lm_head(self.model)
+        self.llm.reset_prefix_cache()
+
+    def release(self) -> None:
+        if self.on_cuda and self.config.free_cache_engine:
+            self.llm.sleep(level=1)
+
+    def resume(self, tags: Sequence[ResumeTag]) -> None:
+        if self.on_cuda and self.config.free_cache_engine:
+            self.llm.wake_up(tags=list(tags))
+
+    def shutdown(self) -> None:
+        """Free the engine before the process group goes away (vLLM raises otherwise)."""
+        del self.llm
+        import gc
+
+        gc.collect()
+
+
+def _get_model(worker: Any) -> torch.nn.Module:
+    return worker.model_runner.get_model()

@@ -1,0 +1,121 @@
+"""Gathering the actor's DTensor shards into full tensors, one group at a time.
+
+FSDP2 shards every parameter on dim 0 with `torch.chunk` semantics (rank r holds rows
+[r * c, (r + 1) * c) with c = ceil(rows / world), the last ranks possibly fewer or none). A
+rank pads its shard to c rows and `all_gather_into_tensor` writes every rank's rows straight
+into the full tensor's buffer: one collective per parameter, no staging copy. Shards are cast
+to the engine dtype before the gather, which halves the bytes moved and is bit-identical to
+casting the full tensor afterwards.
+
+Granularity decides how many parameters are in flight together, hence the peak memory:
+  tensor: one parameter          (peak: the largest parameter)
+  layer:  one decoder layer      (peak: the largest layer; the "layered summon")
+  bucket: up to `bucket_bytes`   (peak: one bucket)
+All three produce the same tensors; they differ in how many gathers overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+
+Granularity = Literal["tensor", "layer", "bucket"]
+NamedParam = tuple[str, torch.Tensor]
+
+# gloo has no 16-bit collectives: move bf16/fp16 as raw bytes (dim-0 rows stay rows).
+_TRANSPORT_DTYPE = {torch.bfloat16: torch.uint8, torch.float16: torch.uint8}
+
+
+def group_parameters(
+    named_params: list[NamedParam], granularity: Granularity, bucket_bytes: int, dtype: torch.dtype
+) -> list[list[NamedParam]]:
+    """Split parameters (in model order) into the groups gathered together."""
+    if granularity == "tensor":
+        return [[item] for item in named_params]
+    if granularity == "layer":
+        groups: dict[str, list[NamedParam]] = {}
+        for name, param in named_params:
+            groups.setdefault(_layer_key(name), []).append((name, param))
+        return list(groups.values())
+    if granularity == "bucket":
+        buckets: list[list[NamedParam]] = [[]]
+        size = 0
+        for name, param in named_params:
+            nbytes = param.numel() * dtype.itemsize
+            if buckets[-1] and size + nbytes > bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append((name, param))
+            size += nbytes
+        return buckets
+    raise ValueError(f"sync.gather must be tensor, layer or bucket, got {granularity!r}")
+
+
+def _layer_key(name: str) -> str:
+    """`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`; other names stand alone."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2])
+    return name
+
+
+def gather_full(group: list[NamedParam], dtype: torch.dtype) -> list[NamedParam]:
+    """All-gather a group of (possibly sharded) parameters into full tensors of `dtype`."""
+    pending: list[tuple[str, torch.Tensor, dist.Work | None]] = []
+    for name, param in group:
+        if not isinstance(param, DTensor):
+            pending.append((name, param.detach().to(dtype), None))
+            continue
+        if param.device_mesh.ndim != 1 or param.placements != (Shard(0),):
+            pending.append((name, param.detach().full_tensor().to(dtype), None))  # type: ignore[attr-defined]
+            continue
+        full, work = _start_gather(param, dtype)
+        pending.append((name, full, work))
+    gathered = []
+    for name, full, work in pending:
+        if work is not None:
+            work.wait()
+        gathered.append((name, full))
+    return gathered
+
+
+def _start_gather(param: DTensor, dtype: torch.dtype) -> tuple[torch.Tensor, dist.Work | None]:
+    mesh = param.device_mesh
+    world = mesh.size()
+    rows = param.shape[0]
+    chunk = -(-rows // world)
+    local = param.to_local().detach().to(dtype)
+    if local.shape[0] < chunk:  # the short tail of torch.chunk: pad to equal pieces
+        pad = local.new_zeros((chunk - local.shape[0], *local.shape[1:]))
+        local = torch.cat([local, pad])
+    transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local.device.type == "cpu" else dtype
+    padded = torch.empty((chunk * world, *param.shape[1:]), dtype=dtype, device=local.device)
+    work = dist.all_gather_into_tensor(
+        padded.view(transport),
+        local.contiguous().view(transport),
+        group=mesh.get_group(),
+        async_op=True,
+    )
+    return padded[:rows], work
+
+
+def iter_full_parameters(
+    model: torch.nn.Module,
+    granularity: Granularity,
+    dtype: torch.dtype,
+    bucket_bytes: int = 64 << 20,
+) -> Iterator[NamedParam]:
+    """Yield (name, full tensor) for every parameter of `model`, gathering group by group.
+
+    Only one group is materialised at a time: the consumer (the engine's loader) copies each
+    tensor before the next group is gathered. Tied parameters appear once, under their first
+    name (what vLLM expects of a tied checkpoint).
+    """
+    named: list[NamedParam] = list(model.named_parameters())
+    for group in group_parameters(named, granularity, bucket_bytes, dtype):
+        yield from gather_full(group, dtype)

@@ -1,0 +1,172 @@
+"""The mode switch: the one place that moves memory between training and generation.
+
+    trainer mode                         rollout mode
+    actor params on device (or CPU)      engine weights freshly synced, KV cache allocated
+    engine KV cache released             actor params offloaded (if configured)
+
+`rollout_mode()` is a context manager: onload the actor if it was offloaded, wake the engine's
+weights, stream the gathered shards into the engine in place, offload the actor, wake the KV
+cache, swap to the rollout RNG. Leaving the block (normally or by exception) runs
+`trainer_mode()`: release the KV cache, reset the prefix cache, swap the RNG back, free
+caches. `trainer_phase()` brackets training-side work with the same onload/offload rules.
+Nothing else calls sleep, wake, offload or onload. Every boundary lands in the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+
+import torch
+
+from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.sharding.checksum import Checksum, recording, verify
+from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.gather import iter_full_parameters
+from hybrid.sharding.ledger import MemoryLedger
+from hybrid.sharding.loader import WeightLoader, engine_name
+from hybrid.sharding.offload import Offloader
+
+
+class Mode(Enum):
+    TRAINER = "trainer"
+    ROLLOUT = "rollout"
+
+
+class ModeError(RuntimeError):
+    """An action was asked for in the wrong mode."""
+
+
+class RngState:
+    """A saved torch RNG state (CPU, and CUDA when present) that can be swapped in and out."""
+
+    def __init__(self, seed: int) -> None:
+        saved = self.capture()
+        torch.manual_seed(seed)
+        self.state = self.capture()
+        self.restore(saved)
+
+    @staticmethod
+    def capture() -> tuple[torch.Tensor, torch.Tensor | None]:
+        cuda = (
+            torch.cuda.get_rng_state()
+            if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else None
+        )
+        return torch.get_rng_state(), cuda
+
+    @staticmethod
+    def restore(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1])
+
+
+class ModeSwitch:
+    def __init__(
+        self,
+        actor: torch.nn.Module,
+        engine: VllmEngine,
+        offloader: Offloader,
+        sync: SyncConfig,
+        ledger: MemoryLedger,
+        rollout_seed: int,
+    ) -> None:
+        self.actor = actor
+        self.engine = engine
+        self.offloader = offloader
+        self.sync_config = sync
+        self.ledger = ledger
+        self.mode = Mode.TRAINER
+        self._rollout_rng = RngState(rollout_seed)
+        self._trainer_rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._loader: WeightLoader | None = None
+        self.last_checksums: dict[str, Checksum] = {}
+        self.num_syncs = 0
+
+    def require(self, mode: Mode, action: str) -> None:
+        if self.mode is not mode:
+            hint = (
+                "enter rollout_mode() first"
+                if mode is Mode.ROLLOUT
+                else "leave rollout_mode() first"
+            )
+            raise ModeError(
+                f"{action} needs {mode.value} mode, but the worker is in {self.mode.value} mode: {hint}"
+            )
+
+    @contextmanager
+    def rollout_mode(self) -> Iterator[ModeSwitch]:
+        self.require(Mode.TRAINER, "entering rollout mode")
+        self.ledger.record("rollout/enter")
+        try:
+            with self.ledger.phase("sync"):
+                self.offloader.onload_params()
+                self.engine.resume(["weights"])
+                self.sync_weights()
+                self.offloader.offload_params()
+            self.engine.resume(["kv_cache"])
+            self._trainer_rng = RngState.capture()
+            RngState.restore(self._rollout_rng.state)
+            self.mode = Mode.ROLLOUT
+            self.ledger.record("rollout/ready")
+            yield self
+        finally:
+            self.trainer_mode()
+
+    def trainer_mode(self) -> None:
+        """Release the engine's KV cache and restore training state (idempotent)."""
+        self.engine.release()
+        self.engine.llm.reset_prefix_cache()
+        if self._trainer_rng is not None:
+            self._rollout_rng.state = RngState.capture()
+            RngState.restore(self._trainer_rng)
+            self._trainer_rng = None
+        self.offloader.empty_cache()
+        self.mode = Mode.TRAINER
+        self.ledger.record("trainer/ready")
+
+    @contextmanager
+    def trainer_phase(self, name: str, with_optimizer: bool = False) -> Iterator[None]:
+        """Training-side work (log-probs, updates) with the actor on device."""
+        self.require(Mode.TRAINER, name)
+        with self.ledger.phase(name):
+            self.offloader.onload_params()
+            if with_optimizer:
+                self.offloader.onload_optimizer()
+            try:
+                yield
+            finally:
+                if with_optimizer:
+                    self.offloader.offload_optimizer()
+                self.offloader.offload_params()
+
+    def configure(self, sync: SyncConfig) -> None:
+        self.require(Mode.TRAINER, "changing the sync configuration")
+        self.sync_config = sync
+        self._loader = None
+
+    def sync_weights(self) -> None:
+        """Gather the actor's shards group by group and load them into the engine in place."""
+        if self._loader is None:
+            self._loader = WeightLoader(self.engine, self.sync_config.strategy)
+        start = time.monotonic()
+        weights = iter_full_parameters(
+            self.actor, self.sync_config.gather, torch.bfloat16, self.sync_config.bucket_mb << 20
+        )
+        if self.sync_config.verify_checksum:
+            self.last_checksums = {}
+            weights = recording(weights, self.last_checksums, lambda name: engine_name(name)[0])
+        self._loader.load(weights)
+        if self.sync_config.verify_checksum:
+            verify(self.engine.model, self.last_checksums)
+        self.num_syncs += 1
+        self.ledger.timings["sync_load"] = (
+            self.ledger.timings.get("sync_load", 0.0) + time.monotonic() - start
+        )
+
+    @property
+    def strategy(self) -> str | None:
+        return None if self._loader is None else self._loader.strategy

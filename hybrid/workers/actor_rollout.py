@@ -1,0 +1,212 @@
+"""ActorRolloutWorker: the FSDP2 actor and the in-process vLLM engine of one WorkerDict.
+
+Composed of small parts: PolicyTrainer (optimisation), VllmEngine (generation), ModeSwitch
+(the memory hand-over between them, with the weight sync) and a MemoryLedger (phase
+boundaries). The driver reaches it through the `actor_rollout` view.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from hybrid.controller import Dispatch, Worker, register
+from hybrid.data import Batch
+from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.sharding.checksum import verify
+from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.ledger import MemoryLedger
+from hybrid.sharding.mode import Mode, ModeSwitch
+from hybrid.sharding.offload import Offloader
+from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
+from hybrid.workers.config import HybridWorkerConfig, dtype_of
+from hybrid.workers.forward import score_responses
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.parallel import ParallelState, init_parallel
+from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.sequences import pack_rollout, unpad_prompts
+
+
+class ActorRolloutWorker(Worker):
+    def __init__(self, config: HybridWorkerConfig) -> None:
+        self.config = config
+        self.ledger = MemoryLedger()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        c = self.config
+        self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
+        device = self.parallel.device
+        with self.ledger.phase("init_actor"):
+            self.model = build_fsdp_model(
+                c.model.path,
+                self.parallel.fsdp_mesh,
+                device,
+                param_dtype=dtype_of(c.actor.param_dtype),
+                reduce_dtype=dtype_of(c.actor.reduce_dtype),
+                master_dtype=dtype_of(c.actor.master_dtype),
+                attn_implementation=c.model.attn_implementation,
+                gradient_checkpointing=c.model.gradient_checkpointing,
+            )
+            a = c.actor
+            self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
+        with self.ledger.phase("init_rollout"):
+            self.engine = VllmEngine(c.model.path, c.rollout, device)
+        self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
+        offloader = Offloader(
+            self.model, self.optimizer, device, c.actor.param_offload, c.actor.optimizer_offload
+        )
+        self.modes = ModeSwitch(
+            self.model, self.engine, offloader, c.sync, self.ledger, c.rollout.seed + self.rank
+        )
+        self.trainer = PolicyTrainer(self.model, self.optimizer, c.actor)
+        self.modes.trainer_mode()  # start with the KV cache released and the actor offloaded
+        offloader.offload_optimizer()
+        offloader.offload_params()
+
+    # --- rollout -------------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def enter_rollout_mode(self) -> None:
+        """Sync and stay in rollout mode across several generate calls (exit_rollout_mode ends it)."""
+        # Check before replacing the open window: dropping it would run its cleanup.
+        self.modes.require(Mode.TRAINER, "entering rollout mode")
+        self._window = self.modes.rollout_mode()
+        self._window.__enter__()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def exit_rollout_mode(self) -> None:
+        self.modes.require(Mode.ROLLOUT, "exit_rollout_mode")
+        self._window.__exit__(None, None, None)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def current_mode(self) -> str:
+        return self.modes.mode.value
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def generate_sequences(
+        self, batch: Batch, greedy: bool = False, auto_mode: bool = True
+    ) -> Batch:
+        """Sample one response per row of left-padded `input_ids` / `attention_mask`.
+
+        In trainer mode with auto_mode=True the call enters rollout mode for itself (sync,
+        generate, release); with auto_mode=False it requires rollout mode. Rows may carry a
+        `seed` column for per-row reproducible sampling.
+        """
+        if self.modes.mode is Mode.ROLLOUT or not auto_mode:
+            return self._generate(batch, greedy)
+        with self.modes.rollout_mode():
+            return self._generate(batch, greedy)
+
+    def _generate(self, batch: Batch, greedy: bool) -> Batch:
+        self.modes.require(Mode.ROLLOUT, "generate_sequences")
+        prompts, prompt_mask = batch.tensors["input_ids"], batch.tensors["attention_mask"]
+        seeds = batch.tensors["seed"].tolist() if "seed" in batch else None
+        with self.ledger.phase("gen"):
+            samples = self.engine.generate(
+                unpad_prompts(prompts, prompt_mask), greedy=greedy, seeds=seeds
+            )
+        packed = pack_rollout(
+            prompts,
+            prompt_mask,
+            samples,
+            self.config.rollout.response_length,
+            self.tokenizer.pad_token_id,
+        )
+        rest = batch.select(
+            [
+                k
+                for k in (*batch.tensors, *batch.non_tensors)
+                if k not in ("input_ids", "attention_mask")
+            ]
+        )
+        generated = Batch.from_dict(
+            packed, non_tensors={"response_text": [s.text for s in samples]}
+        )
+        return rest.union(generated) if rest.keys() else generated
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_engine_log_prob(self, batch: Batch) -> Batch:
+        """The engine's log-probs of the given responses (the sync check's other side).
+
+        Scores `input_ids` without padding through vLLM prompt log-probs; enters rollout mode
+        for the call unless already in it.
+        """
+        if self.modes.mode is Mode.ROLLOUT:
+            return self._engine_log_prob(batch)
+        with self.modes.rollout_mode():
+            return self._engine_log_prob(batch)
+
+    def _engine_log_prob(self, batch: Batch) -> Batch:
+        responses = batch.tensors["responses"]
+        sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
+        scores = self.engine.score(sequences)
+        out = torch.zeros(responses.shape, dtype=torch.float32)
+        for i, (seq_scores, mask) in enumerate(
+            zip(scores, batch.tensors["response_mask"], strict=True)
+        ):
+            n = int(mask.sum())
+            if n:
+                out[i, :n] = torch.tensor(seq_scores[-n:])
+        return Batch.from_dict({"engine_log_probs": out})
+
+    # --- training ------------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
+        with self.modes.trainer_phase("old_log_prob"):
+            self.model.eval()
+            scored = score_responses(
+                self.model,
+                batch.to(self.parallel.device),
+                self.config.actor.micro_batch_size,
+                with_entropy=True,
+            )
+        return Batch.from_dict(
+            {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        with self.modes.trainer_phase("update_actor", with_optimizer=True):
+            return self.trainer.update(batch.to(self.parallel.device))
+
+    # --- state ---------------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_metrics(self) -> dict[str, float]:
+        """This step's memory/timing ledger as flat metrics; starts a new step."""
+        return self.ledger.drain()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def configure_sync(self, sync: SyncConfig) -> None:
+        """Use another gather granularity / strategy from the next sync on (benchmarks)."""
+        self.modes.configure(sync)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def verify_rollout_weights(self) -> int:
+        """Re-check the engine's readable tensors against the last sync's checksums."""
+        if not self.modes.last_checksums:
+            raise RuntimeError(
+                "no checksums recorded: run a sync with sync.verify_checksum=true first"
+            )
+        return verify(self.engine.model, self.modes.last_checksums)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        with self.modes.trainer_phase("save_checkpoint", with_optimizer=True):
+            save_checkpoint(Path(path), self.model, self.optimizer, extra)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        with self.modes.trainer_phase("load_checkpoint", with_optimizer=True):
+            return load_checkpoint(Path(path), self.model, self.optimizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        """Free the engine before the process group ends (vLLM raises otherwise)."""
+        self.engine.shutdown()

@@ -1,0 +1,96 @@
+"""Typed configuration of the WorkerDict members: model, actor, reference (+ rollout, sync).
+
+Plain frozen dataclasses, validated in `__post_init__` (errors name the field and the allowed
+values). The Hydra schema of the trainer wraps these; workers only ever see these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from hybrid.rollout.config import RolloutConfig
+from hybrid.sharding.config import SyncConfig
+from hybrid.validation import check_positive
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    """Hugging Face model directory (config, safetensors, tokenizer)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """Attention kernel of the training and reference models."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in the backward pass."""
+
+    def __post_init__(self) -> None:
+        if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
+            raise ValueError(
+                f"model.attn_implementation must be sdpa, eager or flash_attention_2, got {self.attn_implementation!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; a step whose norm is not finite is skipped."""
+    clip_ratio: float = 0.2
+    """PPO clip range of the placeholder policy-gradient loss."""
+    param_dtype: Dtype = "bfloat16"
+    """Compute dtype of forward/backward (FSDP2 MixedPrecisionPolicy.param_dtype)."""
+    reduce_dtype: Dtype = "float32"
+    """Dtype of the gradient reduce-scatter."""
+    master_dtype: Dtype = "float32"
+    """Dtype of the sharded parameters the optimizer updates."""
+    param_offload: bool = False
+    """Keep sharded parameters on CPU outside trainer-mode work (CUDA only; no-op on CPU)."""
+    optimizer_offload: bool = False
+    """Keep optimizer state on CPU outside the optimizer step (CUDA only; no-op on CPU)."""
+    micro_batch_size: int = 4
+    """Rows per forward/backward pass on each rank."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "actor",
+            lr=self.lr,
+            max_grad_norm=self.max_grad_norm,
+            micro_batch_size=self.micro_batch_size,
+        )
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    param_offload: bool = False
+    """Keep the reference weights on CPU between uses (CUDA only; no-op on CPU)."""
+    param_dtype: Dtype = "bfloat16"
+    """Dtype the frozen reference is stored and computed in."""
+    micro_batch_size: int = 8
+    """Rows per forward pass."""
+
+
+@dataclass(frozen=True)
+class HybridWorkerConfig:
+    """Everything one WorkerDict's members need."""
+
+    model: ModelConfig
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of a config dtype name."""
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]

@@ -1,0 +1,218 @@
+"""Building an FSDP2-sharded Hugging Face causal LM, its optimizer and its clipped step.
+
+Owns `build_fsdp_model` (the policy actor and the frozen reference policy share it),
+`build_optimizer` and `clip_and_step`. The model is built the torchtitan way, so that no rank
+ever materialises the whole model in fp32 more than once:
+
+1. construct it on the meta device (no memory) in the master dtype;
+2. `fully_shard` each decoder layer, then the root, on a 1-D "fsdp" mesh with a
+   `MixedPrecisionPolicy` (bf16 compute, fp32 gradient reduction by default);
+3. `to_empty` allocates only this rank's shards, then tied embeddings are re-tied and the
+   non-persistent RoPE buffers (which `to_empty` leaves as uninitialised memory) recomputed;
+4. rank 0 alone reads the safetensors files and `set_model_state_dict(...,
+   broadcast_from_rank0=True)` streams them tensor by tensor to every rank's shards.
+
+Every rank validates the checkpoint's key set from the safetensors headers (metadata only)
+before any collective, so a bad checkpoint raises the same error everywhere instead of
+leaving the other ranks waiting in a broadcast.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+MESH_DIM_NAME = "fsdp"
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_EMBED_KEY = "model.embed_tokens.weight"
+_LM_HEAD_KEY = "lm_head.weight"
+
+
+def build_fsdp_model(
+    model_path: str,
+    mesh: DeviceMesh,
+    device: torch.device,
+    *,
+    param_dtype: torch.dtype = torch.bfloat16,
+    reduce_dtype: torch.dtype = torch.float32,
+    master_dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    gradient_checkpointing: bool = False,
+    trainable: bool = True,
+) -> nn.Module:
+    """The causal LM at `model_path`, sharded over the 1-D `mesh`, weights loaded.
+
+    `param_dtype` is the compute dtype (parameters are all-gathered in it), `reduce_dtype` the
+    dtype gradients are reduce-scattered in, `master_dtype` the dtype of the sharded parameters
+    the optimizer updates. `trainable=False` gives the frozen reference policy: eval mode, no
+    parameter requires grad. Every rank of `mesh` must call this collectively.
+    """
+    _check_attn_implementation(attn_implementation)
+    if mesh.ndim != 1:
+        raise ValueError(f"mesh must be 1-D (dim name {MESH_DIM_NAME!r}), got {mesh.ndim} dims")
+    files = _safetensors_files(Path(model_path))
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=attn_implementation, dtype=master_dtype
+        )
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if trainable:
+        # The KV cache is for generation; training forwards never read it.
+        model.config.use_cache = False
+    else:
+        model.requires_grad_(False)
+    model.train(trainable)
+
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    # By default FSDP2 keeps the root's parameters (embedding, final norm, LM head) unsharded
+    # after forward, expecting a backward to follow; after a no_grad forward (log-probs, the
+    # reference policy) they would stay gathered and `model.parameters()` would yield plain
+    # tensors instead of DTensor shards. Resharding the root too keeps the invariant at the
+    # price of one more all-gather of the root's parameters in backward.
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=True)
+
+    model.to_empty(device=device)
+    if tied:
+        model.tie_weights()
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        assert head is not None and embed.weight is head.weight, "tied embeddings came untied"
+        assert isinstance(embed.weight, DTensor), "tied embedding is not sharded"
+    _init_rope_buffers(model, device)
+    _load_weights(model, files, master_dtype, tied=tied)
+    return model
+
+
+def build_optimizer(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+) -> torch.optim.AdamW:
+    """AdamW over the (sharded) parameters of `model` that require grad."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no trainable parameters (was it built with trainable=False?)")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+
+
+def clip_and_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float
+) -> tuple[float, bool]:
+    """Clip gradients to `max_grad_norm`, step unless the norm is not finite, zero gradients.
+
+    Returns (total gradient norm before clipping, whether the optimizer step was applied).
+    The norm of DTensor gradients is all-reduced, so every rank takes the same decision.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    grad_norm = float(norm)
+    applied = math.isfinite(grad_norm)
+    if applied:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, applied
+
+
+def _check_attn_implementation(attn_implementation: str) -> None:
+    if (
+        attn_implementation == "flash_attention_2"
+        and importlib.util.find_spec("flash_attn") is None
+    ):
+        raise ValueError(
+            "attn_implementation='flash_attention_2' needs the flash_attn package, which is not "
+            f"installed (torch {torch.__version__}, transformers "
+            f"{importlib.metadata.version('transformers')}, CUDA "
+            f"{'available' if torch.cuda.is_available() else 'not available'}); "
+            "use attn_implementation='sdpa' or 'eager', or install the `gpu` extra"
+        )
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files of a HF model directory (sharded via an index, or all *.safetensors)."""
+    index = model_dir / _SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in model directory {model_dir}")
+    return files
+
+
+def _init_rope_buffers(model: nn.Module, device: torch.device) -> None:
+    """Recompute the rotary `inv_freq` buffers: non-persistent, so no checkpoint holds them,
+    and `to_empty` left them as uninitialised memory."""
+    found = False
+    for module in model.modules():
+        if not hasattr(module, "inv_freq") or not hasattr(module, "rope_type"):
+            continue
+        # As in the rotary module's __init__ (transformers 5, e.g. Qwen2RotaryEmbedding).
+        rotary: Any = module
+        init_fn = (
+            rotary.compute_default_rope_parameters
+            if rotary.rope_type == "default"
+            else ROPE_INIT_FUNCTIONS[rotary.rope_type]
+        )
+        inv_freq, rotary.attention_scaling = init_fn(rotary.config)
+        rotary.inv_freq = inv_freq.to(device)
+        if hasattr(rotary, "original_inv_freq"):
+            rotary.original_inv_freq = inv_freq.clone().to(device)
+        found = True
+    assert found, f"no rotary embedding with an inv_freq buffer in {type(model).__name__}"
+
+
+def _load_weights(
+    model: nn.Module, files: list[Path], master_dtype: torch.dtype, *, tied: bool
+) -> None:
+    """Rank 0 reads `files`; `set_model_state_dict` broadcasts them into every rank's shards."""
+    checkpoint_keys: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            checkpoint_keys.update(f.keys())
+    expected = set(model.state_dict().keys())
+    alias_head = tied and _LM_HEAD_KEY not in checkpoint_keys and _LM_HEAD_KEY in expected
+    missing = sorted(expected - checkpoint_keys - ({_LM_HEAD_KEY} if alias_head else set()))
+    unexpected = sorted(checkpoint_keys - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {[str(f) for f in files]} does not match {type(model).__name__}: "
+            f"missing keys {missing}, unexpected keys {unexpected}"
+        )
+
+    full_sd: dict[str, Any] = {}
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                    full_sd[key] = f.get_tensor(key).to(master_dtype)
+        if alias_head:
+            # The same tensor under the tied name: the head is loaded from the embedding.
+            full_sd[_LM_HEAD_KEY] = full_sd[_EMBED_KEY]
+    set_model_state_dict(
+        model,
+        full_sd,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )

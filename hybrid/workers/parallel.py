@@ -1,0 +1,88 @@
+"""Process group and device meshes: created once per process, passed to everything else.
+
+  fsdp mesh     (world,)           the FSDP2 actor and reference shard over every rank
+  rollout mesh  (world / tp, tp)   vLLM tensor parallelism inside each data-parallel group
+One process group (nccl on CUDA, gloo on CPU) under both. Members colocated in one
+WorkerDict share the process, so the second caller gets the same state back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from hybrid.controller import RankEnv
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    rank_env: RankEnv
+    device: torch.device
+    """This rank's device: its GPU, or the CPU."""
+    fsdp_mesh: DeviceMesh
+    rollout_mesh: DeviceMesh
+    """2-D, dims ("dp", "tp")."""
+
+    @property
+    def tp_size(self) -> int:
+        return self.rollout_mesh.size(1)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rollout_mesh.get_local_rank("tp")
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rollout_mesh.get_local_rank("dp")
+
+
+_STATE: ParallelState | None = None
+
+
+def init_parallel(rank_env: RankEnv, tensor_parallel_size: int = 1) -> ParallelState:
+    """Initialise (once) the process group and meshes of this worker process."""
+    global _STATE
+    if _STATE is not None:
+        if _STATE.rank_env != rank_env or _STATE.tp_size != tensor_parallel_size:
+            raise RuntimeError(
+                f"this process already set up parallel state for {_STATE.rank_env} with tp="
+                f"{_STATE.tp_size}; asked again with {rank_env} and tp={tensor_parallel_size}"
+            )
+        return _STATE
+    world = rank_env.world_size
+    if world % tensor_parallel_size:
+        raise ValueError(
+            f"rollout.tensor_parallel_size ({tensor_parallel_size}) must divide the number of workers ({world})"
+        )
+    device = _pick_device(rank_env)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{rank_env.master_addr}:{rank_env.master_port}",
+            rank=rank_env.rank,
+            world_size=world,
+            device_id=device if device.type == "cuda" else None,
+        )
+    _STATE = ParallelState(
+        rank_env=rank_env,
+        device=device,
+        fsdp_mesh=init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",)),
+        rollout_mesh=init_device_mesh(
+            device.type,
+            (world // tensor_parallel_size, tensor_parallel_size),
+            mesh_dim_names=("dp", "tp"),
+        ),
+    )
+    return _STATE
+
+
+def _pick_device(rank_env: RankEnv) -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    # Ray gives each GPU worker exactly one visible device; under torchrun all are visible.
+    index = 0 if torch.cuda.device_count() == 1 else rank_env.local_rank
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

@@ -1,0 +1,58 @@
+"""ReferenceWorker: the frozen reference policy, its own member of the WorkerDict (`ref`)."""
+
+from __future__ import annotations
+
+from hybrid.controller import Dispatch, Worker, register
+from hybrid.data import Batch
+from hybrid.sharding.ledger import MemoryLedger
+from hybrid.sharding.offload import Offloader
+from hybrid.workers.config import HybridWorkerConfig, dtype_of
+from hybrid.workers.forward import score_responses
+from hybrid.workers.fsdp import build_fsdp_model
+from hybrid.workers.parallel import init_parallel
+
+
+class ReferenceWorker(Worker):
+    def __init__(self, config: HybridWorkerConfig) -> None:
+        self.config = config
+        self.ledger = MemoryLedger()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        c = self.config
+        parallel = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
+        self.device = parallel.device
+        dtype = dtype_of(c.ref.param_dtype)
+        with self.ledger.phase("init_ref"):
+            self.model = build_fsdp_model(
+                c.model.path,
+                parallel.fsdp_mesh,
+                self.device,
+                param_dtype=dtype,
+                master_dtype=dtype,
+                attn_implementation=c.model.attn_implementation,
+                trainable=False,
+            )
+        self.offloader = Offloader(
+            self.model, None, self.device, c.ref.param_offload, optimizer_offload=False
+        )
+        self.offloader.offload_params()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        with self.ledger.phase("ref"):
+            self.offloader.onload_params()
+            try:
+                scored = score_responses(
+                    self.model,
+                    batch.to(self.device),
+                    self.config.ref.micro_batch_size,
+                    with_entropy=False,
+                )
+            finally:
+                self.offloader.offload_params()
+        return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_metrics(self) -> dict[str, float]:
+        return self.ledger.drain()

@@ -1,0 +1,69 @@
+"""Building a colocated actor/ref/rollout group on the tiny model, and prompt batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hybrid.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from hybrid.data import Batch
+from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer
+from hybrid.rollout.config import RolloutConfig
+from hybrid.sharding.config import SyncConfig
+from hybrid.workers import ActorConfig, HybridWorkerConfig, ModelConfig, ReferenceWorker
+from tests.integration.workers.hybrid_workers import InspectableActorRollout
+
+PROMPTS = ["1+2=", "3+4=", "12+30=", "7+7=", "9+1=", "5+6="]
+
+
+def worker_config(model_dir: Path, sync: SyncConfig | None = None, lr: float = 1e-3) -> HybridWorkerConfig:
+    return HybridWorkerConfig(
+        model=ModelConfig(path=str(model_dir)),
+        actor=ActorConfig(lr=lr, micro_batch_size=2),
+        rollout=RolloutConfig(prompt_length=32, response_length=8, max_model_len=128, seed=0),
+        sync=sync or SyncConfig(),
+    )
+
+
+def build_model(root: Path, tied: bool = True) -> Path:
+    config = TinyModelConfig.preset("tiny", tie_word_embeddings=tied, initializer_range=0.1)
+    return build_tiny_model(root / ("tiny-tied" if tied else "tiny-untied"), config, seed=0)
+
+
+def start_group(config: HybridWorkerConfig) -> tuple[RayWorkerGroup, dict]:
+    cls = create_colocated_worker_cls(
+        {
+            "actor_rollout": RayClassWithInitArgs(InspectableActorRollout, config),
+            "ref": RayClassWithInitArgs(ReferenceWorker, config),
+        }
+    )
+    group = RayWorkerGroup(RayResourcePool([2]), cls)
+    views = group.spawn(prefix_set={"actor_rollout", "ref"})
+    views["actor_rollout"].init_model()
+    views["ref"].init_model()
+    return group, views
+
+
+def stop_group(group: RayWorkerGroup) -> None:
+    group.spawn({"actor_rollout"})["actor_rollout"].shutdown()
+    group.shutdown()
+
+
+def prompt_batch(model_dir: Path, texts: list[str], prompt_length: int = 32) -> Batch:
+    """Left-padded chat prompts."""
+    tokenizer = load_tokenizer(model_dir)
+    ids = torch.full((len(texts), prompt_length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(texts), prompt_length), dtype=torch.long)
+    for i, text in enumerate(texts):
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        tokens = tokenizer.encode(chat, add_special_tokens=False)
+        ids[i, prompt_length - len(tokens) :] = torch.tensor(tokens)
+        mask[i, prompt_length - len(tokens) :] = 1
+    return Batch.from_dict({"input_ids": ids, "attention_mask": mask})
+
+
+def masked_max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a - b).abs() * mask).max())

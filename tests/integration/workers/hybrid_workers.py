@@ -1,0 +1,40 @@
+"""Test-only views into a real ActorRolloutWorker (importable by the Ray workers)."""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+from hybrid.controller import Dispatch, register
+from hybrid.data import Batch
+from hybrid.workers import ActorRolloutWorker
+
+
+class InspectableActorRollout(ActorRolloutWorker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def engine_param_ptrs(self) -> dict[str, int]:
+        """Storage address of every engine parameter that holds real storage."""
+        return {n: p.data_ptr() for n, p in self.engine.model.named_parameters() if p.numel()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def readable_engine_weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.engine.model.named_parameters() if p.numel()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rss_bytes(self) -> int:
+        return psutil.Process().memory_info().rss
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def corrupt_engine_tensor(self, name: str) -> None:
+        with torch.no_grad():
+            dict(self.engine.model.named_parameters())[name].view(-1)[0] += 1.0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_once(self) -> None:
+        with self.modes.rollout_mode():
+            pass
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def raise_inside_rollout_mode(self, batch: Batch) -> Batch:
+        with self.modes.rollout_mode():
+            raise RuntimeError("deliberate failure inside rollout_mode")
