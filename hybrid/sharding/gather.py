@@ -95,7 +95,7 @@ def _start_gather(param: DTensor, dtype: torch.dtype) -> tuple[torch.Tensor, dis
         local = torch.cat([local, pad])
     transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local.device.type == "cpu" else dtype
     padded = torch.empty((chunk * world, *param.shape[1:]), dtype=dtype, device=local.device)
-    work = dist.all_gather_into_tensor(
+    work = dist.all_gather_single(
         padded.view(transport),
         local.contiguous().view(transport),
         group=mesh.get_group(),

@@ -1,59 +1,117 @@
-"""Offloader: which of the actor's tensors leave the device between phases, per config.
+"""Moving the actor's parameters and optimizer state between device and host.
 
-A thin policy over the move functions of hybrid.workers.offload's counterpart here; on CPU
-every move is a no-op, so CPU and CUDA runs take the same path through the mode switch.
+Two layers: the primitive moves (`offload_params` / `onload_params` for an FSDP2 model,
+`offload_optimizer` / `onload_optimizer` for AdamW's state), and `Offloader`, the policy the
+mode switch applies at phase boundaries (what moves, per config). Only the mode switch and
+the reference worker's phase bracket call them. Each move is a no-op when the tensors already
+sit on the target device, so a CPU run takes the same code path as a GPU run. Copies are
+issued non-blocking and the CUDA stream is synchronised once at the end, before anyone can
+read host memory that a device-to-host copy is still filling.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+_CPU = torch.device("cpu")
+
+
+def offload_params(model: nn.Module, to: torch.device = _CPU) -> None:
+    """Move the (sharded) parameters, gradients and buffers of `model` to `to`."""
+    _move_model(model, to)
+
+
+def onload_params(model: nn.Module, device: torch.device) -> None:
+    """Move the (sharded) parameters, gradients and buffers of `model` back to `device`."""
+    _move_model(model, device)
+
+
+def offload_optimizer(optimizer: torch.optim.Optimizer, to: torch.device = _CPU) -> None:
+    """Move the optimizer's per-parameter state tensors (AdamW moments) to `to`."""
+    _move_optimizer_state(optimizer, to)
+
+
+def onload_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the optimizer's per-parameter state tensors back to `device`."""
+    _move_optimizer_state(optimizer, device)
+
+
+def _normalize(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _move_model(model: nn.Module, device: torch.device) -> None:
+    device = _normalize(device)
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.device == device for t in tensors):
+        return
+    # FSDP2 overrides `_apply`: it reshards first and re-registers the moved shards as the
+    # sharded DTensor parameters, so plain `Module.to` is the supported way to move them.
+    model.to(device, non_blocking=True)
+    _synchronize(device, *(t.device for t in tensors))
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    device = _normalize(device)
+    moved_from: set[torch.device] = set()
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            # Scalar tensors are AdamW's `step`: it keeps them on CPU unless `capturable` or
+            # `fused`, and moving them would change which code path the next step takes.
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue
+            if value.device != device:
+                moved_from.add(value.device)
+                state[key] = value.to(device, non_blocking=True)
+    if moved_from:
+        _synchronize(device, *moved_from)
+
+
+def _synchronize(*devices: torch.device) -> None:
+    """Wait for the non-blocking copies involving a CUDA device."""
+    if any(d.type == "cuda" for d in devices):
+        torch.cuda.synchronize()
 
 
 class Offloader:
+    """What leaves the device between phases, per config. On CPU every move is a no-op (the
+    target is the current device), so the mode switch runs the same calls everywhere."""
+
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
         device: torch.device,
         param_offload: bool,
         optimizer_offload: bool,
     ) -> None:
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer = optimizer if optimizer_offload else None
         self.device = device
-        self.param_offload = param_offload and device.type == "cuda"
-        self.optimizer_offload = (
-            optimizer_offload and device.type == "cuda" and optimizer is not None
-        )
+        self.param_offload = param_offload
 
     def onload_params(self) -> None:
         if self.param_offload:
-            self.model.to(self.device)
+            onload_params(self.model, self.device)
 
     def offload_params(self) -> None:
         if self.param_offload:
-            self.model.to("cpu")
+            offload_params(self.model)
             self.empty_cache()
 
     def onload_optimizer(self) -> None:
-        if self.optimizer_offload:
-            _move_optimizer_state(self.optimizer, self.device)
+        if self.optimizer is not None:
+            onload_optimizer(self.optimizer, self.device)
 
     def offload_optimizer(self) -> None:
-        if self.optimizer_offload:
-            _move_optimizer_state(self.optimizer, torch.device("cpu"))
+        if self.optimizer is not None:
+            offload_optimizer(self.optimizer)
             self.empty_cache()
 
     def empty_cache(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
-    assert optimizer is not None
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                state[key] = value.to(device, non_blocking=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()

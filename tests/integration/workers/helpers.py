@@ -6,7 +6,12 @@ from pathlib import Path
 
 import torch
 
-from hybrid.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from hybrid.controller import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer
 from hybrid.rollout.config import RolloutConfig
@@ -17,7 +22,9 @@ from tests.integration.workers.hybrid_workers import InspectableActorRollout
 PROMPTS = ["1+2=", "3+4=", "12+30=", "7+7=", "9+1=", "5+6="]
 
 
-def worker_config(model_dir: Path, sync: SyncConfig | None = None, lr: float = 1e-3) -> HybridWorkerConfig:
+def worker_config(
+    model_dir: Path, sync: SyncConfig | None = None, lr: float = 1e-3
+) -> HybridWorkerConfig:
     return HybridWorkerConfig(
         model=ModelConfig(path=str(model_dir)),
         actor=ActorConfig(lr=lr, micro_batch_size=2),

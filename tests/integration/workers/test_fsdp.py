@@ -29,14 +29,14 @@ from torch.distributed.tensor import DTensor, Shard
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
-from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
-from hybrid.workers.offload import (
+from hybrid.sharding.offload import (
     offload_optimizer,
     offload_params,
     onload_optimizer,
     onload_params,
 )
+from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -72,7 +72,7 @@ def test_sync_keeps_engine_and_actor_equal_across_updates(hybrid: tuple, model_d
 
 
 def test_engine_storage_stays_in_place_and_memory_is_steady(hybrid: tuple) -> None:
-    group, views = hybrid
+    _, views = hybrid
     actor = views["actor_rollout"]
     ptrs = actor.engine_param_ptrs()
     assert ptrs[0], "the engine keeps no readable parameter"
@@ -94,7 +94,9 @@ def test_gather_modes_give_identical_engines(hybrid: tuple, model_dir: Path) -> 
     results = {}
     for gather in ("tensor", "layer", "bucket"):
         actor.configure_sync(SyncConfig(gather=gather, bucket_mb=1, verify_checksum=True))
-        tokens = actor.generate_sequences(prompt_batch(model_dir, PROMPTS), greedy=True)["responses"]
+        tokens = actor.generate_sequences(prompt_batch(model_dir, PROMPTS), greedy=True)[
+            "responses"
+        ]
         log_probs = actor.compute_engine_log_prob(probe)["engine_log_probs"]
         results[gather] = (tokens, log_probs, actor.readable_engine_weights())
     actor.configure_sync(SyncConfig(verify_checksum=True))
@@ -113,7 +115,9 @@ def test_mode_state_machine(hybrid: tuple, model_dir: Path) -> None:
     _, views = hybrid
     actor = views["actor_rollout"]
     prompts = prompt_batch(model_dir, PROMPTS[:2])
-    with pytest.raises(WorkerCallError, match="needs rollout mode, but the worker is in trainer mode"):
+    with pytest.raises(
+        WorkerCallError, match="needs rollout mode, but the worker is in trainer mode"
+    ):
         actor.generate_sequences(prompts, auto_mode=False)
     with pytest.raises(WorkerCallError, match="deliberate failure inside rollout_mode"):
         actor.raise_inside_rollout_mode(prompts)
@@ -137,7 +141,10 @@ def test_checksum_catches_a_corrupted_engine_tensor(hybrid: tuple) -> None:
     checked = actor.verify_rollout_weights()
     assert min(checked) > 0
     actor.corrupt_engine_tensor("model.layers.1.post_attention_layernorm.weight")
-    with pytest.raises(WorkerCallError, match="'model.layers.1.post_attention_layernorm.weight' does not match"):
+    with pytest.raises(
+        WorkerCallError,
+        match=r"'model\.layers\.1\.post_attention_layernorm\.weight' does not match",
+    ):
         actor.verify_rollout_weights()
     actor.sync_once()  # the next sync repairs it
     assert min(actor.verify_rollout_weights()) == checked[0]
