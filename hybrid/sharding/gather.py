@@ -118,4 +118,8 @@ def iter_full_parameters(
     """
     named: list[NamedParam] = list(model.named_parameters())
     for group in group_parameters(named, granularity, bucket_bytes, dtype):
-        yield from gather_full(group, dtype)
+        gathered = gather_full(group, dtype)
+        gathered.reverse()
+        while gathered:
+            # Hand over and forget: a tensor is freed as soon as the consumer is done with it.
+            yield gathered.pop()

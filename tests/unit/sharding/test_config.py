@@ -1,0 +1,39 @@
+"""Unit tests for `hybrid.sharding.config.SyncConfig` validation: errors name the field."""
+
+import dataclasses
+
+import pytest
+
+from hybrid.sharding.config import SyncConfig
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_are_valid() -> None:
+    config = SyncConfig()
+    assert (config.gather, config.bucket_mb, config.strategy) == ("layer", 64, "auto")
+
+
+@pytest.mark.parametrize("gather", ["tensor", "layer", "bucket"])
+@pytest.mark.parametrize("strategy", ["auto", "reload", "direct"])
+def test_every_allowed_choice_is_accepted(gather: str, strategy: str) -> None:
+    SyncConfig(gather=gather, strategy=strategy)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gather": "row"}, r"sync\.gather must be tensor, layer or bucket, got 'row'"),
+        ({"strategy": "copy"}, r"sync\.strategy must be auto, reload or direct, got 'copy'"),
+        ({"bucket_mb": 0}, r"sync\.bucket_mb must be > 0, got 0"),
+        ({"bucket_mb": -4}, r"sync\.bucket_mb must be > 0, got -4"),
+    ],
+)
+def test_invalid_values_name_the_field(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SyncConfig(**kwargs)
+
+
+def test_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SyncConfig().bucket_mb = 1  # type: ignore[misc]

@@ -1,0 +1,102 @@
+"""Unit tests for `hybrid.workers.config`: ModelConfig / ActorConfig / RefConfig validation
+(errors name the field as the user writes it) and `dtype_of`."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybrid.rollout.config import RolloutConfig
+from hybrid.sharding.config import SyncConfig
+from hybrid.workers.config import (
+    ActorConfig,
+    HybridWorkerConfig,
+    ModelConfig,
+    RefConfig,
+    dtype_of,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_model_config_defaults_and_allowed_attention() -> None:
+    assert ModelConfig(path="m").attn_implementation == "sdpa"
+    for impl in ("sdpa", "eager", "flash_attention_2"):
+        assert ModelConfig(path="m", attn_implementation=impl).attn_implementation == impl
+
+
+def test_model_config_rejects_unknown_attention_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"model\.attn_implementation must be .*got 'flash'"):
+        ModelConfig(path="m", attn_implementation="flash")  # type: ignore[arg-type]
+
+
+def test_actor_config_defaults_are_valid() -> None:
+    config = ActorConfig()
+    assert (config.lr, config.clip_ratio, config.micro_batch_size) == (1e-6, 0.2, 4)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("lr", 0.0), ("lr", -1e-5), ("max_grad_norm", 0.0), ("micro_batch_size", 0)],
+)
+def test_actor_config_non_positive_values_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"actor\.{field} must be > 0, got {value}"):
+        ActorConfig(**{field: value})
+
+
+# STYLE.md: choices are Literal[...] and invalid user input raises ValueError in __post_init__
+# naming the field. Without the check a bad dtype name only fails later, as a KeyError in
+# dtype_of inside a worker.
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        (ActorConfig, "actor.param_dtype"),
+        (ActorConfig, "actor.reduce_dtype"),
+        (ActorConfig, "actor.master_dtype"),
+        (RefConfig, "ref.param_dtype"),
+    ],
+)
+def test_unknown_dtype_names_the_field(config: type, field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        config(**{field.split(".")[1]: "fp16"})
+
+
+def test_ref_micro_batch_size_must_be_positive() -> None:
+    # ActorConfig checks its micro_batch_size; RefConfig has no check, so 0 only fails in the
+    # reference worker as range()'s "arg 3 must not be zero".
+    with pytest.raises(ValueError, match=r"ref\.micro_batch_size must be > 0"):
+        RefConfig(micro_batch_size=0)
+
+
+def test_negative_clip_ratio_names_the_field() -> None:
+    # clamp(r, 1.2, 0.8) would silently replace every ratio by 0.8
+    with pytest.raises(ValueError, match=r"actor\.clip_ratio"):
+        ActorConfig(clip_ratio=-0.2)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [("bfloat16", torch.bfloat16), ("float16", torch.float16), ("float32", torch.float32)],
+)
+def test_dtype_of(name: str, dtype: torch.dtype) -> None:
+    assert dtype_of(name) is dtype
+
+
+def test_dtype_of_unknown_name_raises() -> None:
+    with pytest.raises(KeyError):
+        dtype_of("fp16")
+
+
+def test_hybrid_worker_config_builds_default_members() -> None:
+    config = HybridWorkerConfig(model=ModelConfig(path="m"))
+    assert config.actor == ActorConfig()
+    assert config.ref == RefConfig()
+    assert config.rollout == RolloutConfig()
+    assert config.sync == SyncConfig()
+
+
+def test_configs_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ActorConfig().lr = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ModelConfig(path="m").path = "n"  # type: ignore[misc]
