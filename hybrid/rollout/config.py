@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hybrid.validation import check_positive
+from hybrid.validation import check_choice, check_positive, check_range
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class RolloutConfig:
                 f"rollout.prompt_length ({self.prompt_length}) + rollout.response_length "
                 f"({self.response_length}) exceeds rollout.max_model_len ({self.max_model_len})"
             )
+        check_choice("rollout", "load_format", self.load_format, ("auto", "dummy"))
+        check_range("rollout", "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0)
+        if self.kv_cache_memory_bytes is not None:
+            check_positive("rollout", kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"rollout.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.temperature < 0:
             raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -30,10 +30,16 @@ class Checksum:
 
     def __add__(self, other: Checksum) -> Checksum:
         return Checksum(
-            self.bit_sum + other.bit_sum,
-            self.bit_square_sum + other.bit_square_sum,
+            _wrap_int64(self.bit_sum + other.bit_sum),
+            _wrap_int64(self.bit_square_sum + other.bit_square_sum),
             self.rows + other.rows,
         )
+
+
+def _wrap_int64(value: int) -> int:
+    """The sums are taken in int64 on the tensor side, where they wrap around; parts must add
+    up with the same wrap-around to stay comparable (exact modulo 2**64)."""
+    return (value + 2**63) % 2**64 - 2**63
 
 
 def tensor_checksum(tensor: torch.Tensor) -> Checksum:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hybrid.validation import check_positive
+from hybrid.validation import check_choice, check_positive
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,6 @@ class SyncConfig:
     """After each sync, compare a checksum of every readable engine tensor with the source."""
 
     def __post_init__(self) -> None:
-        if self.gather not in ("tensor", "layer", "bucket"):
-            raise ValueError(f"sync.gather must be tensor, layer or bucket, got {self.gather!r}")
-        if self.strategy not in ("auto", "reload", "direct"):
-            raise ValueError(f"sync.strategy must be auto, reload or direct, got {self.strategy!r}")
+        check_choice("sync", "gather", self.gather, ("tensor", "layer", "bucket"))
+        check_choice("sync", "strategy", self.strategy, ("auto", "reload", "direct"))
         check_positive("sync", bucket_mb=self.bucket_mb)

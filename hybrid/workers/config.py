@@ -7,15 +7,16 @@ values). The Hydra schema of the trainer wraps these; workers only ever see thes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
-from hybrid.validation import check_positive
+from hybrid.validation import check_choice, check_positive, check_range
 
 Dtype = Literal["bfloat16", "float16", "float32"]
+DTYPES = get_args(Dtype)
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,12 @@ class ModelConfig:
     """Recompute decoder-layer activations in the backward pass."""
 
     def __post_init__(self) -> None:
-        if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
-            raise ValueError(
-                f"model.attn_implementation must be sdpa, eager or flash_attention_2, got {self.attn_implementation!r}"
-            )
+        check_choice(
+            "model",
+            "attn_implementation",
+            self.attn_implementation,
+            ("sdpa", "eager", "flash_attention_2"),
+        )
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,18 @@ class ActorConfig:
         check_positive(
             "actor",
             lr=self.lr,
+            eps=self.eps,
             max_grad_norm=self.max_grad_norm,
             micro_batch_size=self.micro_batch_size,
         )
+        check_range("actor", "clip_ratio", self.clip_ratio, 0.0, 1.0)
+        if self.weight_decay < 0:
+            raise ValueError(f"actor.weight_decay must be >= 0, got {self.weight_decay}")
+        for i, beta in enumerate(self.betas):
+            if not 0 <= beta < 1:
+                raise ValueError(f"actor.betas[{i}] must be in [0, 1), got {beta}")
+        for name in ("param_dtype", "reduce_dtype", "master_dtype"):
+            check_choice("actor", name, getattr(self, name), DTYPES)
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,10 @@ class RefConfig:
     """Dtype the frozen reference is stored and computed in."""
     micro_batch_size: int = 8
     """Rows per forward pass."""
+
+    def __post_init__(self) -> None:
+        check_positive("ref", micro_batch_size=self.micro_batch_size)
+        check_choice("ref", "param_dtype", self.param_dtype, DTYPES)
 
 
 @dataclass(frozen=True)

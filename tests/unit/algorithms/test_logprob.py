@@ -35,9 +35,7 @@ def test_log_probs_pick_each_position_and_shape() -> None:
     reference = torch.log_softmax(logits.double(), dim=-1)
     for b in range(2):
         for t in range(3):
-            assert got[b, t].item() == pytest.approx(
-                reference[b, t, labels[b, t]].item(), abs=1e-6
-            )
+            assert got[b, t].item() == pytest.approx(reference[b, t, labels[b, t]].item(), abs=1e-6)
     # every label's probability adds up to one at each position
     all_labels = torch.stack(
         [log_probs_from_logits(logits, torch.full((2, 3), v)) for v in range(5)]

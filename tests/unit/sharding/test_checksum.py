@@ -65,8 +65,12 @@ def test_checksum_distinguishes_positive_and_negative_zero() -> None:
     assert tensor_checksum(pos) != tensor_checksum(neg)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"]
+)
 def test_checksum_is_additive_over_dim0_concatenation(dtype: torch.dtype) -> None:
+    # fp32 bit patterns are ~1e9, their squares ~1e18: a handful of them overflows the int64
+    # sum, which wraps, while Checksum.__add__ adds unbounded Python ints.
     a, b = randn_bf16(3, 4, seed=1).to(dtype), randn_bf16(2, 4, seed=2).to(dtype)
     whole = tensor_checksum(torch.cat([a, b]))
     assert whole == tensor_checksum(a) + tensor_checksum(b)

@@ -2,6 +2,8 @@
 the decoder-layer key, and the plain-tensor (non-DTensor) path of `gather_full`, which needs no
 process group."""
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -90,7 +92,7 @@ def test_buckets_respect_the_limit_except_a_lone_oversized_parameter(bucket_byte
         nbytes = sum(p.numel() * 2 for _, p in group)
         assert nbytes <= bucket_bytes or len(group) == 1
     # greedy: the next bucket's first parameter would not have fit into the previous bucket
-    for prev, nxt in zip(groups, groups[1:], strict=False):
+    for prev, nxt in itertools.pairwise(groups):
         prev_bytes = sum(p.numel() * 2 for _, p in prev)
         assert prev_bytes + nxt[0][1].numel() * 2 > bucket_bytes
 
