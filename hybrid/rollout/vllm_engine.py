@@ -17,7 +17,12 @@ import torch
 
 from hybrid.rollout.base import GeneratedSample, ResumeTag
 from hybrid.rollout.config import RolloutConfig
-from hybrid.rollout.vllm_compat import refresh_tied_lm_head
+from hybrid.rollout.vllm_compat import (
+    cpu_shm_segment,
+    explain_shm_collision,
+    refresh_tied_lm_head,
+    remove_shm_segment,
+)
 
 
 class VllmEngine:
@@ -35,19 +40,23 @@ class VllmEngine:
             memory["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         if self.on_cuda:
             memory["gpu_memory_utilization"] = config.gpu_memory_utilization
-        self.llm = LLM(
-            model=model_path,
-            dtype="bfloat16",
-            enforce_eager=config.enforce_eager,
-            max_model_len=config.max_model_len,
-            tensor_parallel_size=config.tensor_parallel_size,
-            distributed_executor_backend="external_launcher",
-            load_format=config.load_format,
-            seed=config.seed,
-            enable_sleep_mode=self.on_cuda,
-            enable_prefix_caching=True,
-            **memory,
-        )
+        try:
+            self.llm = LLM(
+                model=model_path,
+                dtype="bfloat16",
+                enforce_eager=config.enforce_eager,
+                max_model_len=config.max_model_len,
+                tensor_parallel_size=config.tensor_parallel_size,
+                distributed_executor_backend="external_launcher",
+                load_format=config.load_format,
+                seed=config.seed,
+                enable_sleep_mode=self.on_cuda,
+                enable_prefix_caching=True,
+                **memory,
+            )
+        except RuntimeError as error:
+            raise explain_shm_collision(error) from error
+        self._shm_segment = None if self.on_cuda else cpu_shm_segment()
 
     @cached_property
     def model(self) -> torch.nn.Module:
@@ -136,6 +145,7 @@ class VllmEngine:
         import gc
 
         gc.collect()
+        remove_shm_segment(self._shm_segment)
 
 
 def _get_model(worker: Any) -> torch.nn.Module:

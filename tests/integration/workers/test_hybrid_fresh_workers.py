@@ -94,6 +94,8 @@ def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_p
         own = actor.compute_log_prob(batch)["old_log_probs"]
     finally:
         stop_group(group)
+    leftovers = list(Path("/dev/shm").glob("*cpushm*"))
+    assert not leftovers, f"the TP group's shared memory outlived its engines: {leftovers}"
     diff = masked_max_abs_diff(engine, own, batch["response_mask"])
     print(f"TP=2 rollout, engine-vs-actor max |diff| after an update: {diff:.4f}")
     assert batch["response_mask"].sum() > 0

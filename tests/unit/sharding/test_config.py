@@ -23,8 +23,14 @@ def test_every_allowed_choice_is_accepted(gather: str, strategy: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"gather": "row"}, r"sync\.gather must be one of \['tensor', 'layer', 'bucket'\], got 'row'"),
-        ({"strategy": "copy"}, r"sync\.strategy must be one of \['auto', 'reload', 'direct'\], got 'copy'"),
+        (
+            {"gather": "row"},
+            r"sync\.gather must be one of \['tensor', 'layer', 'bucket'\], got 'row'",
+        ),
+        (
+            {"strategy": "copy"},
+            r"sync\.strategy must be one of \['auto', 'reload', 'direct'\], got 'copy'",
+        ),
         ({"bucket_mb": 0}, r"sync\.bucket_mb must be > 0, got 0"),
         ({"bucket_mb": -4}, r"sync\.bucket_mb must be > 0, got -4"),
     ],
