@@ -13,7 +13,8 @@ per rank and returns the function that folds the per-rank results into the calle
 
 DP_COMPUTE pads a Batch whose size is not divisible by the world size (rows repeated from its
 start, see `Batch.pad_to_multiple`) and drops the padding from the concatenated result, so
-the caller gets exactly one output row per input row, in order.
+the caller gets exactly its rows back, in order (k per input row when a method returns k
+samples per row).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def _plan_dp_compute(args: Sequence[Any], kwargs: dict[str, Any], world_size: in
         raise TypeError("DP_COMPUTE needs at least one Batch argument to split")
     if len(batch_sizes) > 1:
         raise ValueError(f"DP_COMPUTE Batch arguments differ in size: {sorted(batch_sizes)}")
+    (input_rows,) = batch_sizes
     num_pad = 0
 
     def split(value: Any) -> list[Any]:
@@ -142,7 +144,16 @@ def _plan_dp_compute(args: Sequence[Any], kwargs: dict[str, Any], world_size: in
 
     def collect(results: list[Any]) -> Any:
         if all(isinstance(r, Batch) for r in results):
-            return Batch.concat(results).unpad(num_pad)
+            merged = Batch.concat(results)
+            # A method may return k rows per input row (k samples per prompt): drop k per pad.
+            padded_rows = input_rows + num_pad
+            rows_per_input, remainder = divmod(len(merged), max(padded_rows, 1))
+            if remainder:
+                raise ValueError(
+                    f"DP_COMPUTE results have {len(merged)} rows for {padded_rows} input rows: "
+                    "a method must return a whole number of rows per input row"
+                )
+            return merged.unpad(num_pad * rows_per_input)
         if not any(isinstance(r, Batch) for r in results):
             return results  # e.g. per-rank metrics dicts
         raise TypeError(

@@ -34,7 +34,7 @@ class RolloutEngine(Protocol):
         greedy: bool = False,
         seeds: Sequence[int] | None = None,
     ) -> list[GeneratedSample]:
-        """One sample per prompt (token ids), with per-token log-probs."""
+        """`n` samples per prompt (1 when greedy), prompt-major, with per-token log-probs."""
         ...
 
     def score(self, sequences: Sequence[list[int]]) -> list[list[float]]:

@@ -18,6 +18,8 @@ class RolloutConfig:
     """Width prompts are left-padded to in the returned tensors."""
     response_length: int = 32
     """Max new tokens; responses are right-padded to this width."""
+    n: int = 1
+    """Samples per prompt: generate_sequences returns n adjacent rows per input row."""
     temperature: float = 1.0
     """Sampling temperature (0 = greedy)."""
     top_p: float = 1.0
@@ -41,6 +43,7 @@ class RolloutConfig:
         check_positive(
             "rollout",
             tensor_parallel_size=self.tensor_parallel_size,
+            n=self.n,
             max_model_len=self.max_model_len,
             prompt_length=self.prompt_length,
             response_length=self.response_length,

