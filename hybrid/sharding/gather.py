@@ -2,16 +2,17 @@
 
 FSDP2 shards every parameter on dim 0 with `torch.chunk` semantics (rank r holds rows
 [r * c, (r + 1) * c) with c = ceil(rows / world), the last ranks possibly fewer or none). A
-rank pads its shard to c rows and `all_gather_into_tensor` writes every rank's rows straight
-into the full tensor's buffer: one collective per parameter, no staging copy. Shards are cast
-to the engine dtype before the gather, which halves the bytes moved and is bit-identical to
+rank pads its shard to c rows and `all_gather_single` writes every rank's rows straight into
+the full tensor's buffer: one collective per parameter, no staging copy. Shards are cast to
+the engine dtype before the gather, which halves the bytes moved and is bit-identical to
 casting the full tensor afterwards.
 
-Granularity decides how many parameters are in flight together, hence the peak memory:
+Granularity decides how many full tensors are alive together, hence the peak memory:
   tensor: one parameter          (peak: the largest parameter)
   layer:  one decoder layer      (peak: the largest layer; the "layered summon")
   bucket: up to `bucket_bytes`   (peak: one bucket)
-All three produce the same tensors; they differ in how many gathers overlap.
+All three produce the same tensors. The consumer takes them one by one and each is released
+as soon as the consumer lets go of it.
 """
 
 from __future__ import annotations
@@ -65,26 +66,19 @@ def _layer_key(name: str) -> str:
 
 
 def gather_full(group: list[NamedParam], dtype: torch.dtype) -> list[NamedParam]:
-    """All-gather a group of (possibly sharded) parameters into full tensors of `dtype`."""
-    pending: list[tuple[str, torch.Tensor, dist.Work | None]] = []
-    for name, param in group:
-        if not isinstance(param, DTensor):
-            pending.append((name, param.detach().to(dtype), None))
-            continue
-        if param.device_mesh.ndim != 1 or param.placements != (Shard(0),):
-            pending.append((name, param.detach().full_tensor().to(dtype), None))  # type: ignore[attr-defined]
-            continue
-        full, work = _start_gather(param, dtype)
-        pending.append((name, full, work))
-    gathered = []
-    for name, full, work in pending:
-        if work is not None:
-            work.wait()
-        gathered.append((name, full))
-    return gathered
+    """All-gather a group of (possibly sharded) parameters into full tensors of `dtype`.
+
+    One parameter at a time: the group's full tensors accumulate (that is the group's peak),
+    while only one cast shard is alive beside them.
+    """
+    return [(name, full_parameter(param, dtype)) for name, param in group]
 
 
-def _start_gather(param: DTensor, dtype: torch.dtype) -> tuple[torch.Tensor, dist.Work | None]:
+def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if not isinstance(param, DTensor):
+        return param.detach().to(dtype)
+    if param.device_mesh.ndim != 1 or param.placements != (Shard(0),):
+        return param.detach().full_tensor().to(dtype)  # type: ignore[attr-defined]
     mesh = param.device_mesh
     world = mesh.size()
     rows = param.shape[0]
@@ -95,13 +89,10 @@ def _start_gather(param: DTensor, dtype: torch.dtype) -> tuple[torch.Tensor, dis
         local = torch.cat([local, pad])
     transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local.device.type == "cpu" else dtype
     padded = torch.empty((chunk * world, *param.shape[1:]), dtype=dtype, device=local.device)
-    work = dist.all_gather_single(
-        padded.view(transport),
-        local.contiguous().view(transport),
-        group=mesh.get_group(),
-        async_op=True,
+    dist.all_gather_single(
+        padded.view(transport), local.contiguous().view(transport), group=mesh.get_group()
     )
-    return padded[:rows], work
+    return padded[:rows]
 
 
 def iter_full_parameters(
