@@ -65,11 +65,21 @@ class GroupFuture:
         return self._collect(list(results))
 
     def _raise_first_failure(self) -> None:
-        """Raise the error of the lowest failed rank among those that have finished."""
+        """Raise the error of the lowest failed rank among those that have finished.
+
+        Every finished rank's error is fetched, so Ray does not report the others as
+        unhandled: one failure is one report.
+        """
         ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        failures: list[WorkerCallError] = []
         for rank, ref in enumerate(self._refs):
             if ref in ready:
-                self._fetch(ref, rank)
+                try:
+                    self._fetch(ref, rank)
+                except WorkerCallError as error:
+                    failures.append(error)
+        if failures:
+            raise failures[0]
 
     def _fetch(self, ref: ray.ObjectRef, rank: int) -> Any:
         try:
