@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hybrid.data import Batch
+from hybrid.workers import HybridWorkerConfig
 from tests.integration.workers.helpers import (
     PROMPTS,
     build_model,
@@ -61,9 +62,12 @@ def test_checkpoint_reproduces_the_next_update_on_fresh_workers(
     assert resumed_norm == expected_norm
 
 
-def test_untied_embeddings_sync_exactly(ray_cluster: None, tmp_path: Path) -> None:
-    model_dir = build_model(tmp_path, tied=False)
-    group, views = start_group(worker_config(model_dir))
+def _update_then_compare(
+    config: HybridWorkerConfig, model_dir: Path
+) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """One rollout and one update on fresh workers; then the engine's and the actor's
+    log-probs of the rollout's tokens (after the re-sync)."""
+    group, views = start_group(config)
     try:
         actor = views["actor_rollout"]
         batch = _train_batch(views, model_dir)
@@ -72,6 +76,12 @@ def test_untied_embeddings_sync_exactly(ray_cluster: None, tmp_path: Path) -> No
         own = actor.compute_log_prob(batch)["old_log_probs"]
     finally:
         stop_group(group)
+    return batch, engine, own
+
+
+def test_untied_embeddings_sync_exactly(ray_cluster: None, tmp_path: Path) -> None:
+    model_dir = build_model(tmp_path, tied=False)
+    batch, engine, own = _update_then_compare(worker_config(model_dir), model_dir)
     diff = masked_max_abs_diff(engine, own, batch["response_mask"])
     print(f"untied model, engine-vs-actor max |diff| after an update: {diff:.4f}")
     assert diff < 0.05
@@ -84,16 +94,7 @@ def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_p
     model_dir = build_model(tmp_path, tied=True)
     base = worker_config(model_dir)
     rollout = dataclasses.replace(base.rollout, tensor_parallel_size=2, n=2)
-    config = dataclasses.replace(base, rollout=rollout)
-    group, views = start_group(config)
-    try:
-        actor = views["actor_rollout"]
-        batch = _train_batch(views, model_dir)
-        actor.update_actor(batch)
-        engine = actor.compute_engine_log_prob(batch)["engine_log_probs"]
-        own = actor.compute_log_prob(batch)["old_log_probs"]
-    finally:
-        stop_group(group)
+    batch, engine, own = _update_then_compare(dataclasses.replace(base, rollout=rollout), model_dir)
     prompts = prompt_batch(model_dir, PROMPTS)["input_ids"]
     assert len(batch) == 2 * len(PROMPTS)
     assert torch.equal(batch["prompts"], prompts.repeat_interleave(2, dim=0))
