@@ -23,6 +23,7 @@ from hybrid.sharding.mode import Mode, ModeSwitch
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig, dtype_of
+from hybrid.workers.export import export_hf_model
 from hybrid.workers.forward import score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
@@ -212,6 +213,12 @@ class ActorRolloutWorker(Worker):
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         with self.modes.trainer_phase("load_checkpoint", with_optimizer=True):
             return load_checkpoint(Path(path), self.model, self.optimizer)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def export_hf(self, path: str) -> str:
+        """The actor as a Hugging Face model directory at `path` (written by rank 0)."""
+        with self.modes.trainer_phase("export_hf"):
+            return str(export_hf_model(self.model, self.config.model.path, path))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engine(self) -> None:

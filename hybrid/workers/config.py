@@ -17,6 +17,10 @@ from hybrid.validation import check_choice, check_positive, check_range
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 DTYPES = get_args(Dtype)
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+KlKind = Literal["k1", "abs", "k2", "mse", "k3", "low_var_kl"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,28 @@ class ActorConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; a step whose norm is not finite is skipped."""
-    clip_ratio: float = 0.2
-    """PPO clip range of the placeholder policy-gradient loss."""
+    clip_ratio_low: float = 0.2
+    """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """PPO clip: the ratio is kept below 1 + clip_ratio_high (DAPO's clip-higher when larger)."""
+    clip_ratio_c: float = 3.0
+    """Dual clip: for negative advantages the per-token loss is capped at -A * clip_ratio_c."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token losses become one number (token-mean is over the whole mini-batch)."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    use_kl_loss: bool = False
+    """Add a KL(actor || ref) term to the loss (needs ref_log_prob in the batch)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: KlKind = "low_var_kl"
+    """KL estimator: k1, abs, k2 (= mse), k3 (= low_var_kl)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling between rollout and actor log-probs (off when None)."""
+    ppo_epochs: int = 1
+    """Passes over the batch per update_actor call."""
+    mini_batch_size: int | None = None
+    """Rows per optimizer step on each rank (None: the whole local batch, one step)."""
     param_dtype: Dtype = "bfloat16"
     """Compute dtype of forward/backward (FSDP2 MixedPrecisionPolicy.param_dtype)."""
     reduce_dtype: Dtype = "float32"
@@ -72,7 +96,16 @@ class ActorConfig:
             max_grad_norm=self.max_grad_norm,
             micro_batch_size=self.micro_batch_size,
         )
-        check_range("actor", "clip_ratio", self.clip_ratio, 0.0, 1.0)
+        check_range("actor", "clip_ratio_low", self.clip_ratio_low, 0.0, 1.0)
+        check_positive("actor", clip_ratio_high=self.clip_ratio_high, ppo_epochs=self.ppo_epochs)
+        if self.clip_ratio_c <= 1:
+            raise ValueError(f"actor.clip_ratio_c must be > 1, got {self.clip_ratio_c}")
+        check_choice("actor", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))
+        check_choice("actor", "kl_loss_type", self.kl_loss_type, get_args(KlKind))
+        if self.tis_cap is not None:
+            check_positive("actor", tis_cap=self.tis_cap)
+        if self.mini_batch_size is not None:
+            check_positive("actor", mini_batch_size=self.mini_batch_size)
         if self.weight_decay < 0:
             raise ValueError(f"actor.weight_decay must be >= 0, got {self.weight_decay}")
         for i, beta in enumerate(self.betas):

@@ -1,11 +1,24 @@
-"""PolicyTrainer: the FSDP2 actor's optimisation step (PPO-clip over micro-batches)."""
+"""PolicyTrainer: the FSDP2 actor's update, mini-batch by mini-batch, micro-batch by micro-batch.
+
+Per optimizer step (one mini-batch of this rank's rows), for each micro-batch:
+    loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl(actor || ref)
+with the PPO-clip family of hybrid.algorithms.policy_loss (clip-higher, dual clip) and
+optional truncated importance sampling between the rollout's and the actor's old log-probs.
+
+Normalisers are global: the token (and sequence) counts of the whole mini-batch summed over
+micro-batches and over data-parallel ranks. FSDP averages gradients over ranks, so each
+rank's loss is multiplied by the world size; the result is the gradient of the loss over
+the global mini-batch, whatever the micro-batch size or the split across ranks.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from hybrid.algorithms.logprob import log_probs_from_logits
-from hybrid.algorithms.ppo import ppo_clip_loss
+from hybrid.algorithms.kl import kl_penalty
+from hybrid.algorithms.logprob import entropy_from_logits, log_probs_from_logits
+from hybrid.algorithms.policy_loss import aggregate_loss, policy_loss, truncated_importance_weights
 from hybrid.data import Batch
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import response_logits
@@ -31,42 +44,93 @@ class PolicyTrainer:
         self.config = config
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """One optimiser step over `batch` (this rank's rows); returns `actor/*` metrics.
-
-        The loss is a token mean over the whole local batch: each micro-batch's token sum is
-        divided by the local token count, so gradients add up to the same value whatever the
-        micro-batch size.
-        """
-        missing = [key for key in UPDATE_KEYS if key not in batch]
+        """`ppo_epochs` passes over this rank's rows, one optimizer step per mini-batch."""
+        required = list(UPDATE_KEYS)
+        if self.config.use_kl_loss:
+            required.append("ref_log_prob")
+        if self.config.tis_cap is not None:
+            required.append("rollout_log_probs")
+        missing = [key for key in required if key not in batch]
         if missing:
             raise KeyError(f"update_actor needs batch keys {missing}; it has {batch.keys()}")
         self.model.train()
-        num_tokens = int(batch.tensors["response_mask"].sum().clamp(min=1))
-        total_loss = 0.0
-        clipfrac, kl = [], []
-        micro = self.config.micro_batch_size
-        for start in range(0, len(batch), micro):
-            mb = batch[start : start + micro]
-            log_prob = log_probs_from_logits(
-                response_logits(self.model, mb), mb.tensors["responses"]
-            )
-            loss, metrics = ppo_clip_loss(
+        size = self.config.mini_batch_size or len(batch)
+        if len(batch) % size:
+            raise ValueError(f"{len(batch)} rows per rank do not split into mini-batches of {size}")
+        steps: list[dict[str, float]] = []
+        for _ in range(self.config.ppo_epochs):
+            for start in range(0, len(batch), size):
+                steps.append(self._step(batch[start : start + size]))
+        return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+
+    def _step(self, mini: Batch) -> dict[str, float]:
+        c = self.config
+        device = mini.tensors["response_mask"].device
+        global_tokens = _global_sum(float(mini.tensors["response_mask"].sum()), device)
+        global_seqs = _global_sum(float(len(mini)), device)
+        scale = dist.get_world_size() if dist.is_initialized() else 1
+        totals = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
+        fractions: dict[str, float] = {}
+        for start in range(0, len(mini), c.micro_batch_size):
+            micro = mini[start : start + c.micro_batch_size]
+            mask = micro.tensors["response_mask"]
+            logits = response_logits(self.model, micro)
+            log_prob = log_probs_from_logits(logits, micro.tensors["responses"])
+            advantages = micro.tensors["advantages"]
+            if c.tis_cap is not None:
+                weights = truncated_importance_weights(
+                    micro.tensors["old_log_probs"], micro.tensors["rollout_log_probs"], c.tis_cap
+                )
+                # A positive per-token weight on the advantage scales both clip branches alike.
+                advantages = (
+                    advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+                ) * weights
+
+            def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
+                return aggregate_loss(per_token, mask, c.loss_agg_mode, global_tokens, global_seqs)
+
+            pg_loss, pg_metrics = policy_loss(
                 log_prob,
-                mb.tensors["old_log_probs"],
-                mb.tensors["advantages"],
-                mb.tensors["response_mask"],
-                self.config.clip_ratio,
-                num_tokens=num_tokens,
+                micro.tensors["old_log_probs"],
+                advantages,
+                mask,
+                clip_ratio_low=c.clip_ratio_low,
+                clip_ratio_high=c.clip_ratio_high,
+                clip_ratio_c=c.clip_ratio_c,
+                loss_agg_mode=c.loss_agg_mode,
+                global_tokens=global_tokens,
+                global_seqs=global_seqs,
             )
-            loss.backward()
-            total_loss += float(loss.detach())
-            clipfrac.append(metrics["actor/pg_clipfrac"])
-            kl.append(metrics["actor/ppo_kl"])
-        grad_norm, applied = clip_and_step(self.model, self.optimizer, self.config.max_grad_norm)
+            loss = pg_loss
+            with torch.set_grad_enabled(c.entropy_coeff > 0):
+                entropy = aggregate(entropy_from_logits(logits))
+            if c.entropy_coeff > 0:
+                loss = loss - c.entropy_coeff * entropy
+            if c.use_kl_loss:
+                kl = aggregate(kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type))
+                loss = loss + c.kl_loss_coef * kl
+                totals["actor/kl_loss"] += float(kl.detach()) * scale
+            (loss * scale).backward()
+            # Scaled like the gradient: the mean over ranks is the loss of the global batch.
+            totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
+            totals["actor/entropy"] += float(entropy.detach()) * scale
+            share = float(mask.sum()) / max(float(mini.tensors["response_mask"].sum()), 1.0)
+            for key, value in pg_metrics.items():
+                fractions[key] = fractions.get(key, 0.0) + value * share
+        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
         return {
-            "actor/pg_loss": total_loss,
+            **totals,
+            **fractions,
             "actor/grad_norm": grad_norm,
             "actor/step_applied": float(applied),
-            "actor/pg_clipfrac": sum(clipfrac) / len(clipfrac),
-            "actor/ppo_kl": sum(kl) / len(kl),
+            "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
+
+
+def _global_sum(value: float, device: torch.device) -> float:
+    """Sum over data-parallel ranks (every rank of the actor's FSDP group)."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())

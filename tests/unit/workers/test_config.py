@@ -32,7 +32,7 @@ def test_model_config_rejects_unknown_attention_naming_the_field() -> None:
 
 def test_actor_config_defaults_are_valid() -> None:
     config = ActorConfig()
-    assert (config.lr, config.clip_ratio, config.micro_batch_size) == (1e-6, 0.2, 4)
+    assert (config.lr, config.clip_ratio_low, config.micro_batch_size) == (1e-6, 0.2, 4)
 
 
 @pytest.mark.parametrize(
@@ -70,8 +70,8 @@ def test_ref_micro_batch_size_must_be_positive() -> None:
 
 def test_negative_clip_ratio_names_the_field() -> None:
     # clamp(r, 1.2, 0.8) would silently replace every ratio by 0.8
-    with pytest.raises(ValueError, match=r"actor\.clip_ratio"):
-        ActorConfig(clip_ratio=-0.2)
+    with pytest.raises(ValueError, match=r"actor\.clip_ratio_low"):
+        ActorConfig(clip_ratio_low=-0.2)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on CPU: build the tiny model and the arithmetic task, then GRPO with the default
+# config (configs/config.yaml). Extra arguments are Hydra overrides, e.g. trainer.total_steps=20.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+"$PYTHON" -m hybrid.models --output-dir outputs/demo/model --preset tiny --vocab arithmetic --seed 0
+"$PYTHON" examples/data/arithmetic.py --output-dir outputs/demo/data --seed 0
+exec "$PYTHON" -m hybrid.main "$@"

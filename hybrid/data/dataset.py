@@ -1,0 +1,230 @@
+"""Prompt files on disk to tokenized rows: `PromptDataset`, and `read_rows`/`write_rows`.
+
+The file layout is verl's, one row per prompt:
+  - `prompt`: the chat, a non-empty list of {"role": str, "content": str} messages;
+  - `data_source`: which task and reward function the row belongs to (str);
+  - `reward_model`: a dict with `ground_truth` (str, number, dict or list) and optionally `style`;
+  - `extra_info`: a dict passed through to the reward function (optional).
+Files are parquet or jsonl, chosen by suffix. Every row is validated when loaded, and an error
+names the file, the row index and the field.
+
+`PromptDataset` applies the tokenizer's chat template once, up front, and drops prompts longer
+than `max_prompt_length` tokens. The drop is counted (`num_filtered`, `filtered_rows`) and
+logged in one warning, never silent. Batching and shuffling live in `hybrid/data/loader.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl")
+NUM_LOGGED_ROWS = 5
+"""How many filtered row indices the filtering warning lists."""
+
+
+def _check_suffix(path: Path) -> None:
+    if path.suffix not in SUPPORTED_SUFFIXES:
+        raise ValueError(
+            f"unsupported prompt file {path}: suffix {path.suffix!r} is not one of "
+            f"{SUPPORTED_SUFFIXES}"
+        )
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a parquet or jsonl file as plain dicts (parquet structs become dicts)."""
+    path = Path(path)
+    _check_suffix(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {line_number} is not valid JSON: {e}") from e
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path}: line {line_number} is a {type(row).__name__}, not an object"
+                )
+            rows.append(row)
+    return rows
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows to a parquet or jsonl file (by suffix), creating the parent folder."""
+    path = Path(path)
+    _check_suffix(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist([dict(row) for row in rows]), path)
+    else:
+        with path.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One validated, tokenized prompt."""
+
+    token_ids: list[int]
+    """The chat-templated prompt with the generation prompt appended, without padding."""
+    data_source: str
+    ground_truth: str
+    """The reward model's ground truth; a dict or list is JSON-dumped."""
+    extra_info: dict[str, Any]
+    raw_prompt: str
+    """Content of the last user message (of the last message if no message is from the user)."""
+    source: str
+    """Where the row came from, as "file:row" (for error messages and logs)."""
+
+
+@dataclass(frozen=True)
+class _Checked:
+    messages: list[dict[str, str]]
+    data_source: str
+    ground_truth: str
+    extra_info: dict[str, Any]
+
+
+def _ground_truth_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def _check_row(row: Mapping[str, Any], prompt_key: str, where: str) -> _Checked:
+    """Validate one raw row; `where` is "file: row i" for the error messages."""
+    if prompt_key not in row or row[prompt_key] is None:
+        raise ValueError(f"{where}: field {prompt_key!r} is missing")
+    messages = row[prompt_key]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(
+            f"{where}: field {prompt_key!r} must be a non-empty list of "
+            f"{{role, content}} messages, got {type(messages).__name__} {messages!r:.80}"
+        )
+    for i, message in enumerate(messages):
+        if not (
+            isinstance(message, Mapping)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ValueError(
+                f"{where}: field {prompt_key!r} message {i} must be a dict with str 'role' "
+                f"and 'content', got {message!r:.80}"
+            )
+    data_source = row.get("data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise ValueError(f"{where}: field 'data_source' is missing or not a non-empty str")
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
+        raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing")
+    extra_info = row.get("extra_info")
+    if extra_info is not None and not isinstance(extra_info, Mapping):
+        raise ValueError(
+            f"{where}: field 'extra_info' must be a dict, got {type(extra_info).__name__}"
+        )
+    return _Checked(
+        messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+        data_source=data_source,
+        ground_truth=_ground_truth_text(reward_model["ground_truth"]),
+        extra_info=dict(extra_info or {}),
+    )
+
+
+def _raw_prompt(messages: list[dict[str, str]]) -> str:
+    user = [m["content"] for m in messages if m["role"] == "user"]
+    return user[-1] if user else messages[-1]["content"]
+
+
+class PromptDataset:
+    """Validated, chat-templated prompts from one or more parquet/jsonl files, in file order.
+
+    Prompts longer than `max_prompt_length` tokens are dropped: `num_filtered` counts them,
+    `filtered_rows` lists them as "file:row", and one warning is logged per dataset.
+    """
+
+    def __init__(
+        self,
+        paths: str | Path | Sequence[str | Path],
+        tokenizer: Any,
+        max_prompt_length: int,
+        prompt_key: str = "prompt",
+    ) -> None:
+        if max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad_token_id; left padding needs one")
+        self.paths = [Path(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+        if not self.paths:
+            raise ValueError("PromptDataset needs at least one file, got an empty list")
+        self.max_prompt_length = max_prompt_length
+        self.pad_token_id: int = tokenizer.pad_token_id
+        self.rows: list[PromptRow] = []
+        self.filtered_rows: list[str] = []
+        """Prompts dropped for length, as "file:row"."""
+        num_read = 0
+        for path in self.paths:
+            for index, raw in enumerate(read_rows(path)):
+                num_read += 1
+                checked = _check_row(raw, prompt_key, f"{path}: row {index}")
+                text = tokenizer.apply_chat_template(
+                    checked.messages, add_generation_prompt=True, tokenize=False
+                )
+                token_ids = list(tokenizer.encode(text, add_special_tokens=False))
+                source = f"{path}:{index}"
+                if len(token_ids) > max_prompt_length:
+                    self.filtered_rows.append(source)
+                    continue
+                self.rows.append(
+                    PromptRow(
+                        token_ids=token_ids,
+                        data_source=checked.data_source,
+                        ground_truth=checked.ground_truth,
+                        extra_info=checked.extra_info,
+                        raw_prompt=_raw_prompt(checked.messages),
+                        source=source,
+                    )
+                )
+        if self.filtered_rows:
+            logger.warning(
+                "filtered %d of %d prompts longer than max_prompt_length=%d tokens; first: %s",
+                self.num_filtered,
+                num_read,
+                max_prompt_length,
+                ", ".join(self.filtered_rows[:NUM_LOGGED_ROWS]),
+            )
+        if not self.rows:
+            raise ValueError(
+                f"no prompts left in {[str(p) for p in self.paths]}: {num_read} read, "
+                f"{self.num_filtered} longer than max_prompt_length={max_prompt_length}"
+            )
+
+    @property
+    def num_filtered(self) -> int:
+        """Prompts dropped because they were longer than `max_prompt_length` tokens."""
+        return len(self.filtered_rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> PromptRow:
+        return self.rows[index]

@@ -1,0 +1,1 @@
+"""The driver: GRPO loop, typed config tree, metrics sinks, checkpoints."""

@@ -1,0 +1,161 @@
+"""The trainer's typed config tree: what `python -m hybrid.main` and the YAML in configs/ set.
+
+Top level: model / actor / ref / rollout / sync (the WorkerDict members' configs), data,
+algorithm, reward, trainer. Cross-field rules are checked in `TrainerRunConfig.__post_init__`
+before any Ray actor starts, naming the fields involved. Derived sizes (rows per rank, rows
+per optimizer step per rank) are computed once, as properties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+from hybrid.rollout.config import RolloutConfig
+from hybrid.sharding.config import SyncConfig
+from hybrid.validation import check_choice, check_positive
+from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig, RefConfig
+
+Sink = Literal["console", "jsonl", "tensorboard", "wandb"]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    """Parquet or jsonl files in the prompt layout (prompt, data_source, reward_model, extra_info)."""
+    val_files: list[str] = field(default_factory=list)
+    """Held-out prompts for validation (greedy); empty: no validation."""
+    max_prompt_length: int = 32
+    """Prompts longer than this (in tokens, after the chat template) are filtered and counted."""
+    train_batch_size: int = 16
+    """Prompts per step (each sampled rollout.n times)."""
+    val_batch_size: int = 64
+    """Prompts per validation generate call."""
+    seed: int = 0
+    """Shuffling seed."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "data", max_prompt_length=self.max_prompt_length, train_batch_size=self.train_batch_size
+        )
+        check_positive("data", val_batch_size=self.val_batch_size)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo"] = "grpo"
+    """Advantage estimator (group-relative)."""
+    norm_adv_by_std: bool = True
+    """Divide by the group's std (GRPO); False is Dr.GRPO."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step (times rollout.n rows), across all workers."""
+
+    def __post_init__(self) -> None:
+        check_choice("algorithm", "adv_estimator", self.adv_estimator, ("grpo",))
+        check_positive("algorithm", ppo_mini_batch_size=self.ppo_mini_batch_size)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    custom_path: str | None = None
+    """A Python file with a `compute_score(data_source, solution_str, ground_truth, extra_info)`."""
+    custom_name: str = "compute_score"
+    """The function's name in that file."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_steps: int = 100
+    """Training steps to run (the run ends there)."""
+    output_dir: str = "outputs/run"
+    """Where metrics.jsonl, checkpoints and the final HF model go."""
+    num_workers: int = 2
+    """WorkerDicts (GPUs, or CPU slots) on this node."""
+    use_gpu: bool = False
+    """One GPU per worker when true."""
+    ray_address: str | None = None
+    """Join this Ray cluster instead of starting one (also RAY_ADDRESS)."""
+    save_freq: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    test_freq: int = 0
+    """Validate every N steps (0: never during training)."""
+    val_before_train: bool = False
+    """Validate once before the first step."""
+    resume: Literal["auto", "disable"] = "auto"
+    """auto: continue from the latest complete checkpoint in output_dir."""
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Metric sinks: console, jsonl, tensorboard, wandb (offline works without network)."""
+    seed: int = 0
+    """Seed of everything the driver samples."""
+    export_hf: bool = True
+    """Write the final actor as a Hugging Face model directory."""
+
+    def __post_init__(self) -> None:
+        check_positive("trainer", total_steps=self.total_steps, num_workers=self.num_workers)
+        check_choice("trainer", "resume", self.resume, ("auto", "disable"))
+        for sink in self.loggers:
+            check_choice("trainer", "loggers", sink, get_args(Sink))
+
+
+@dataclass(frozen=True)
+class TrainerRunConfig:
+    model: ModelConfig
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        workers, n = self.trainer.num_workers, self.rollout.n
+        if n < 2:
+            raise ValueError(
+                f"rollout.n must be >= 2 for GRPO (a group needs several samples), got {n}"
+            )
+        if self.data.train_batch_size % self.algorithm.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
+                f"algorithm.ppo_mini_batch_size ({self.algorithm.ppo_mini_batch_size})"
+            )
+        if (self.algorithm.ppo_mini_batch_size * n) % workers:
+            raise ValueError(
+                f"algorithm.ppo_mini_batch_size x rollout.n ({self.algorithm.ppo_mini_batch_size} x {n}) "
+                f"must be divisible by trainer.num_workers ({workers})"
+            )
+        if self.mini_batch_rows_per_worker % self.actor.micro_batch_size:
+            raise ValueError(
+                f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be a multiple "
+                f"of actor.micro_batch_size ({self.actor.micro_batch_size})"
+            )
+        if self.data.max_prompt_length > self.rollout.prompt_length:
+            raise ValueError(
+                f"data.max_prompt_length ({self.data.max_prompt_length}) exceeds rollout.prompt_length "
+                f"({self.rollout.prompt_length})"
+            )
+        for name in ("train_files", "val_files"):
+            for path in getattr(self.data, name):
+                if not Path(path).exists():
+                    raise ValueError(f"data.{name}: {path} does not exist")
+        if self.reward.custom_path is not None and not Path(self.reward.custom_path).exists():
+            raise ValueError(f"reward.custom_path: {self.reward.custom_path} does not exist")
+
+    @property
+    def rows_per_step(self) -> int:
+        """Samples per step: prompts x rollout.n."""
+        return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def mini_batch_rows_per_worker(self) -> int:
+        return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.trainer.num_workers
+
+    def worker_config(self) -> HybridWorkerConfig:
+        """What every WorkerDict member receives (derived sizes filled in)."""
+        actor = dataclasses.replace(self.actor, mini_batch_size=self.mini_batch_rows_per_worker)
+        return HybridWorkerConfig(
+            model=self.model, actor=actor, ref=self.ref, rollout=self.rollout, sync=self.sync
+        )

@@ -1,0 +1,212 @@
+"""The GRPO driver loop on one node.
+
+Per step: n samples per prompt -> rewards -> (ref log-probs) -> old log-probs -> group
+advantages -> mini-batched actor update -> metrics -> checkpoint. The driver holds no model:
+it moves Batches between the worker-group views and does the cheap math (rewards,
+advantages, balancing) on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybrid.algorithms.advantages import compute_grpo_advantages
+from hybrid.controller import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
+from hybrid.data import Batch, PromptDataset, PromptLoader
+from hybrid.models import load_tokenizer
+from hybrid.rewards.manager import RewardManager
+from hybrid.rewards.registry import load_reward_function
+from hybrid.trainer.balance import balanced_order
+from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
+from hybrid.workers import ActorRolloutWorker, ReferenceWorker
+
+logger = logging.getLogger(__name__)
+
+
+def masked_stats(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(mean, max) of |values| over mask."""
+    picked = values.abs()[mask.bool()]
+    return (float(picked.mean()), float(picked.max())) if picked.numel() else (0.0, 0.0)
+
+
+class GRPOTrainer:
+    def __init__(self, config: TrainerRunConfig) -> None:
+        self.config = config
+        c = config
+        tokenizer = load_tokenizer(c.model.path)
+        self.train_data = PromptDataset(c.data.train_files, tokenizer, c.data.max_prompt_length)
+        self.val_data = (
+            PromptDataset(c.data.val_files, tokenizer, c.data.max_prompt_length)
+            if c.data.val_files
+            else None
+        )
+        self.loader = PromptLoader(self.train_data, c.data.train_batch_size, seed=c.data.seed)
+        custom = (
+            load_reward_function(c.reward.custom_path, c.reward.custom_name)
+            if c.reward.custom_path
+            else None
+        )
+        self.rewards = RewardManager(custom)
+        self.step = 0
+
+    # --- workers ---------------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        c = self.config
+        worker_config = c.worker_config()
+        cls = create_colocated_worker_cls(
+            {
+                "actor_rollout": RayClassWithInitArgs(ActorRolloutWorker, worker_config),
+                "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
+            }
+        )
+        pool = RayResourcePool([c.trainer.num_workers], use_gpu=c.trainer.use_gpu)
+        self.group = RayWorkerGroup(pool, cls, ray_address=c.trainer.ray_address)
+        views = self.group.spawn(prefix_set={"actor_rollout", "ref"})
+        self.actor, self.ref = views["actor_rollout"], views["ref"]
+        self.actor.init_model()
+        if c.actor.use_kl_loss:
+            self.ref.init_model()
+
+    def stop_workers(self) -> None:
+        self.actor.shutdown_engine()
+        self.group.shutdown()
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        c = self.config
+        out = c.trainer.output_dir
+        self.start_workers()
+        sinks = make_sinks(
+            c.trainer.loggers, Path(out), c.trainer.total_steps, dataclasses.asdict(c)
+        )
+        try:
+            self._maybe_resume()
+            if c.trainer.val_before_train and self.val_data is not None and self.step == 0:
+                sinks.log(0, self.validate())
+            metrics: dict[str, float] = {}
+            while self.step < c.trainer.total_steps:
+                self.step += 1
+                metrics = self.train_step()
+                if (
+                    self.val_data is not None
+                    and c.trainer.test_freq
+                    and self.step % c.trainer.test_freq == 0
+                ):
+                    metrics.update(self.validate())
+                sinks.log(self.step, metrics)
+                last = self.step == c.trainer.total_steps
+                if last or (c.trainer.save_freq and self.step % c.trainer.save_freq == 0):
+                    self.save()
+            if c.trainer.export_hf:
+                self.actor.export_hf(str(Path(out) / "hf_model"))
+            return metrics
+        finally:
+            sinks.close()
+            self.stop_workers()
+
+    def train_step(self) -> dict[str, float]:
+        c = self.config
+        started = time.perf_counter()
+        prompts = self.loader.next_batch()
+        # One seed per prompt row: sampling is a function of (seed, step, row), so a resumed
+        # run draws exactly what the uninterrupted one drew.
+        base = (c.trainer.seed * 1_000_003 + self.step) * 10_007
+        prompts = prompts.union(Batch.from_dict({"seed": torch.arange(len(prompts)) + base}))
+        t0 = time.perf_counter()
+        rollout = self.actor.generate_sequences(prompts)
+        gen_s = time.perf_counter() - t0
+
+        scores, metrics = self.rewards.score(rollout)
+        uids = rollout["uid"]
+        advantages = compute_grpo_advantages(scores, uids, norm_by_std=c.algorithm.norm_adv_by_std)
+        rollout = rollout.union(
+            Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
+        )
+        if c.actor.use_kl_loss:
+            rollout = rollout.union(self.ref.compute_ref_log_prob(rollout))
+        rollout = rollout.union(self.actor.compute_log_prob(rollout))
+
+        mask = rollout["response_mask"]
+        diff_mean, diff_max = masked_stats(
+            rollout["rollout_log_probs"] - rollout["old_log_probs"], mask
+        )
+        lengths = mask.sum(-1)
+        order = balanced_order(rollout["attention_mask"].sum(-1), c.trainer.num_workers)
+        t0 = time.perf_counter()
+        update = reduce_over_ranks(self.actor.update_actor(rollout[order]))
+        update_s = time.perf_counter() - t0
+        worker = reduce_over_ranks(self.actor.pop_metrics())
+        step_s = time.perf_counter() - started
+        tokens = float(rollout["attention_mask"].sum())
+        metrics.update(update)
+        metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
+        metrics.update(
+            {
+                "response_length/mean": float(lengths.float().mean()),
+                "response_length/max": float(lengths.max()),
+                "rollout/logprob_diff_mean": diff_mean,
+                "rollout/logprob_diff_max": diff_max,
+                "actor/entropy_old": float(
+                    (rollout["entropys"] * mask).sum() / mask.sum().clamp(min=1)
+                ),
+                "timing_s/step": step_s,
+                "timing_s/gen": gen_s,
+                "timing_s/sync": worker.get("timing_s/sync", 0.0),
+                "timing_s/old_log_prob": worker.get("timing_s/old_log_prob", 0.0),
+                "timing_s/update_actor": update_s,
+                "perf/throughput": tokens / step_s / c.trainer.num_workers,
+            }
+        )
+        metrics.setdefault("actor/kl_loss", 0.0)
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        assert self.val_data is not None
+        scores = []
+        for batch in self.loader_for_validation():
+            rollout = self.actor.generate_sequences(batch, greedy=True)
+            batch_scores, _ = self.rewards.score(rollout)
+            scores.append(batch_scores)
+        joined = torch.cat(scores)
+        return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+
+    def loader_for_validation(self) -> Any:
+        assert self.val_data is not None
+        return PromptLoader(
+            self.val_data, self.config.data.val_batch_size, seed=0
+        ).validation_batches(self.config.data.val_batch_size)
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def save(self) -> None:
+        path = checkpoint_dir(self.config.trainer.output_dir, self.step)
+        self.actor.save_checkpoint(
+            str(path), extra={"step": self.step, "loader": self.loader.state_dict()}
+        )
+
+    def _maybe_resume(self) -> None:
+        if self.config.trainer.resume != "auto":
+            return
+        found = latest_checkpoint(self.config.trainer.output_dir)
+        if found is None:
+            return
+        _, path = found
+        extra = self.actor.load_checkpoint(str(path))[0]
+        self.step = int(extra["step"])
+        self.loader.load_state_dict(extra["loader"])
+        logger.info("resumed from %s at step %d", path, self.step)

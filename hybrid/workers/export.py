@@ -1,0 +1,46 @@
+"""Exporting the trained actor as a Hugging Face model directory (transformers and vLLM load it).
+
+Every rank takes part in gathering the full state dict (offloaded to CPU); rank 0 writes
+bf16 safetensors next to copies of the source model's config and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import cast
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+_COPIED = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+def export_hf_model(model: torch.nn.Module, source_dir: str | Path, target_dir: str | Path) -> Path:
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    target = Path(target_dir)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+        tensors = {
+            name: cast(torch.Tensor, tensor).to(torch.bfloat16).contiguous()
+            for name, tensor in state.items()
+            if not (tied and name == "lm_head.weight")  # a tied checkpoint stores it once
+        }
+        save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+        for name in _COPIED:
+            if (Path(source_dir) / name).exists():
+                shutil.copyfile(Path(source_dir) / name, target / name)
+    if dist.is_initialized():
+        dist.barrier()
+    return target

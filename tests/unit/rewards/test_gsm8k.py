@@ -1,0 +1,119 @@
+"""Unit tests for `hybrid.rewards.gsm8k`: every GSM8K test row in both modes, and the edge
+cases of flexible extraction and number normalisation."""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from hybrid.rewards.gsm8k import (
+    compute_score,
+    extract_answer,
+    extract_gsm8k_gold,
+    normalize_number,
+)
+
+pytestmark = pytest.mark.unit
+
+GSM8K_TEST = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@pytest.fixture(scope="module")
+def gsm8k_rows() -> list[dict[str, str]]:
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"GSM8K test split not found at {GSM8K_TEST}")
+    with GSM8K_TEST.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_every_gsm8k_test_row_scores_right_and_off_by_one_scores_zero(
+    gsm8k_rows: list[dict[str, str]],
+) -> None:
+    start = time.perf_counter()
+    assert len(gsm8k_rows) == 1319
+    for i, row in enumerate(gsm8k_rows):
+        raw = row["answer"]
+        gold = extract_gsm8k_gold(raw)
+        wrong = str(int(gold) + 1)
+        # The raw answer with its final number changed to gold + 1.
+        raw_wrong = re.sub(r"####\s*\S+\s*$", f"#### {wrong}", raw)
+        assert raw_wrong != raw, i
+        assert compute_score(f"#### {gold}", gold, method="strict") == 1.0, i
+        assert compute_score(raw, gold, method="strict") == 1.0, i
+        assert compute_score(raw, gold, method="flexible") == 1.0, i
+        assert compute_score(f"#### {wrong}", gold, method="strict") == 0.0, i
+        assert compute_score(raw_wrong, gold, method="strict") == 0.0, i
+        assert compute_score(raw_wrong, gold, method="flexible") == 0.0, i
+    assert time.perf_counter() - start < 2.0
+
+
+def test_gold_extraction_removes_commas_and_keeps_the_sign() -> None:
+    assert extract_gsm8k_gold("5 + 1,595 = 1,600\n#### 1,600") == "1600"
+    assert extract_gsm8k_gold("she lost 3\n#### -3") == "-3"
+    with pytest.raises(ValueError, match="####"):
+        extract_gsm8k_gold("no marker here 42")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The answer is $1,234.", "$1,234"),
+        ("It costs $18 in total.", "$18"),
+        ("We get 10 - 3 = 7.", "7"),
+        ("The temperature drops to -5.", "-5"),
+        ("So x = -$3", "-$3"),
+        ("Half of it: 2.5 kg.", "2.5"),
+        ("1,2345", "2345"),
+        ("no digits at all", None),
+    ],
+)
+def test_flexible_extraction(text: str, expected: str | None) -> None:
+    assert extract_answer(text, "flexible") == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "expected"),
+    [
+        ("The answer is $1,234.", "1234", 1.0),
+        ("The answer is 1234", "1,234", 1.0),
+        ("So she makes $18.", "18", 1.0),
+        ("The change is -5.", "-5", 1.0),
+        ("The change is 5.", "-5", 0.0),
+        ("That is 5.0 apples", "5", 1.0),
+        ("That is 5.5 apples", "5", 0.0),
+        ("The total is 3 + 4 = 7", "7", 1.0),
+        ("I cannot tell.", "7", 0.0),
+    ],
+)
+def test_flexible_scores(response: str, gold: str, expected: float) -> None:
+    assert compute_score(response, gold, method="flexible") == expected
+
+
+def test_strict_needs_the_marker_and_takes_the_last_one() -> None:
+    assert compute_score("The answer is 18.", "18") == 0.0
+    assert compute_score("#### 17\nwait, no\n#### 18", "18") == 1.0
+    assert compute_score("#### 18\nwait, no\n#### 17", "18") == 0.0
+    assert compute_score("####$1,600.", "1600") == 1.0
+    assert compute_score("#### -3", "-3") == 1.0
+
+
+def test_format_score_only_for_a_wrong_answer_in_the_right_format() -> None:
+    assert compute_score("#### 17", "18", format_score=0.1) == 0.1
+    assert compute_score("17", "18", format_score=0.1) == 0.0
+    assert compute_score("#### 18", "18", format_score=0.1, score=2.0) == 2.0
+    assert compute_score("it is 17", "18", method="flexible", format_score=0.1) == 0.1
+
+
+def test_unknown_method_raises() -> None:
+    with pytest.raises(ValueError, match="strict"):
+        compute_score("#### 1", "1", method="loose")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("$1,234.", "1234"), ("+5", "5"), ("5.0", "5"), ("-0", "0"), ("0.50", "0.5"), ("abc", "abc")],
+)
+def test_normalize_number(text: str, expected: str) -> None:
+    assert normalize_number(text) == expected

@@ -1,0 +1,100 @@
+"""Unit tests for `hybrid.rewards.manager.RewardManager`: scores, metrics and failing rows."""
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from hybrid.data import Batch
+from hybrid.rewards import RewardManager
+
+pytestmark = pytest.mark.unit
+
+
+def make_batch(responses: list[str], golds: list[Any], sources: list[str], **extra: Any) -> Batch:
+    size = len(responses)
+    non_tensors = {"response_text": responses, "ground_truth": golds, "data_source": sources}
+    non_tensors.update(extra)
+    return Batch.from_dict({"responses": torch.zeros(size, 2, dtype=torch.long)}, non_tensors)
+
+
+def test_builtin_rewards_by_data_source() -> None:
+    batch = make_batch(
+        ["#### 18", "#### 17", "7<|im_end|>", "<answer>1 + 2</answer>"],
+        ["18", "18", "7", {"target": 4, "numbers": [1, 2]}],
+        ["openai/gsm8k", "gsm8k", "arithmetic", "countdown"],
+    )
+    scores, metrics = RewardManager().score(batch)
+    assert scores.dtype == torch.float32 and scores.shape == (4,)
+    assert scores.tolist() == pytest.approx([1.0, 0.0, 1.0, 0.1])
+    assert metrics["reward/mean"] == pytest.approx(2.1 / 4)
+    assert metrics["reward/max"] == 1.0
+    assert metrics["reward/min"] == 0.0
+    assert metrics["reward/errors"] == 0.0
+
+
+def test_a_raising_row_scores_zero_and_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    def flaky(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
+        if solution_str == "boom":
+            raise RuntimeError("parser exploded")
+        return float(solution_str == ground_truth)
+
+    batch = make_batch(["a", "boom", "c", "x"], ["a", "b", "c", "d"], ["s0", "s1", "s2", "s3"])
+    with caplog.at_level(logging.ERROR, logger="hybrid.rewards.manager"):
+        scores, metrics = RewardManager(flaky).score(batch)
+    assert scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert metrics["reward/errors"] == 1.0
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "row 1" in errors[0].getMessage() and "'s1'" in errors[0].getMessage()
+    assert errors[0].exc_info is not None and "parser exploded" in caplog.text
+
+
+def test_only_the_first_failure_logs_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: Any) -> float:
+        raise ValueError("always")
+
+    batch = make_batch(["a", "b", "c"], ["a", "b", "c"], ["s", "s", "s"])
+    with caplog.at_level(logging.ERROR, logger="hybrid.rewards.manager"):
+        scores, metrics = RewardManager(broken).score(batch)
+    assert scores.tolist() == [0.0, 0.0, 0.0]
+    assert metrics["reward/errors"] == 3.0
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+
+
+def test_dict_results_and_extra_info() -> None:
+    seen: list[Any] = []
+
+    def with_details(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any):
+        seen.append(extra_info)
+        return {"score": 0.5, "acc": solution_str == ground_truth, "pred": solution_str}
+
+    batch = make_batch(["a", "b"], ["a", "c"], ["s", "s"], extra_info=[{"i": 0}, None])
+    scores, metrics = RewardManager(with_details).score(batch)
+    assert scores.tolist() == [0.5, 0.5]
+    assert metrics["reward/acc"] == 0.5
+    assert "reward/pred" not in metrics and "reward/score" not in metrics
+    assert seen == [{"i": 0}, None]
+
+
+@pytest.mark.parametrize("bad", [{"acc": 1.0}, "1.0", float("nan"), None])
+def test_bad_return_values_count_as_errors(bad: Any) -> None:
+    batch = make_batch(["a"], ["a"], ["s"])
+    scores, metrics = RewardManager(lambda *args: bad).score(batch)
+    assert scores.tolist() == [0.0]
+    assert metrics["reward/errors"] == 1.0
+
+
+def test_missing_column_names_it_and_the_present_ones() -> None:
+    batch = Batch.from_dict({}, {"response_text": ["a"], "data_source": ["s"]})
+    with pytest.raises(KeyError, match="ground_truth") as info:
+        RewardManager().score(batch)
+    assert "response_text" in str(info.value) and "data_source" in str(info.value)
+
+
+def test_unknown_data_source_counts_as_an_error_row() -> None:
+    batch = make_batch(["#### 1", "#### 1"], ["1", "1"], ["gsm8k", "unknown/set"])
+    scores, metrics = RewardManager().score(batch)
+    assert scores.tolist() == [1.0, 0.0]
+    assert metrics["reward/errors"] == 1.0
