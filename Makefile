@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/cpu_demo.py
+	PYTHON=$(PY) bash examples/run_cpu_demo.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybrid tests profiling examples

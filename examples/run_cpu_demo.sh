@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 "$PYTHON" -m hybrid.models --output-dir outputs/demo/model --preset tiny --vocab arithmetic --seed 0
 "$PYTHON" examples/data/arithmetic.py --output-dir outputs/demo/data --seed 0
-exec "$PYTHON" -m hybrid.main "$@"
+# A fresh output directory per run (later arguments override it; point several runs at one
+# directory to resume with trainer.resume=auto).
+exec "$PYTHON" -m hybrid.main "trainer.output_dir=outputs/demo/run-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -7,6 +7,7 @@ once into the typed tree (hybrid.trainer.config) and validated before any worker
 from __future__ import annotations
 
 import logging
+import time
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -27,13 +28,17 @@ def build_config(cfg: DictConfig) -> TrainerRunConfig:
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = build_config(cfg)
-    final = GRPOTrainer(config).fit()
-    summary = {
-        k: round(v, 4)
-        for k, v in final.items()
-        if k.startswith(("reward/", "val/", "timing_s/step"))
-    }
-    print(f"[hybrid] finished {config.trainer.total_steps} steps; last step: {summary}")
+    started = time.monotonic()
+    trainer = GRPOTrainer(config)
+    final = trainer.fit()
+    rewards = trainer.reward_history
+    window = min(10, len(rewards))
+    print(
+        f"[hybrid] {len(rewards)} steps in {time.monotonic() - started:.0f}s; mean reward of the "
+        f"first {window} steps {sum(rewards[:window]) / max(window, 1):.3f}, of the last {window} "
+        f"{sum(rewards[-window:]) / max(window, 1):.3f}; validation "
+        f"{final.get('val/reward_mean', float('nan')):.3f}; outputs in {config.trainer.output_dir}"
+    )
 
 
 def cli() -> None:

@@ -26,7 +26,7 @@ from hybrid.controller import (
 from hybrid.data import Batch, PromptDataset, PromptLoader
 from hybrid.models import load_tokenizer
 from hybrid.rewards.manager import RewardManager
-from hybrid.rewards.registry import load_reward_function
+from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
 from hybrid.trainer.config import TrainerRunConfig
@@ -40,6 +40,17 @@ def masked_stats(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float
     """(mean, max) of |values| over mask."""
     picked = values.abs()[mask.bool()]
     return (float(picked.mean()), float(picked.max())) if picked.numel() else (0.0, 0.0)
+
+
+def check_data_sources(*datasets: PromptDataset | None) -> None:
+    """Every row needs a reward function: fail before any worker starts, naming the row."""
+    for dataset in datasets:
+        for row in dataset.rows if dataset is not None else []:
+            if row.data_source not in BUILTIN_REWARDS:
+                raise ValueError(
+                    f"{row.source}: data_source {row.data_source!r} has no built-in reward "
+                    f"(known: {sorted(BUILTIN_REWARDS)}); set reward.custom_path to a file with compute_score"
+                )
 
 
 class GRPOTrainer:
@@ -59,8 +70,11 @@ class GRPOTrainer:
             if c.reward.custom_path
             else None
         )
+        if custom is None:
+            check_data_sources(self.train_data, self.val_data)
         self.rewards = RewardManager(custom)
         self.step = 0
+        self.reward_history: list[float] = []
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -102,6 +116,7 @@ class GRPOTrainer:
             while self.step < c.trainer.total_steps:
                 self.step += 1
                 metrics = self.train_step()
+                self.reward_history.append(metrics["reward/mean"])
                 if (
                     self.val_data is not None
                     and c.trainer.test_freq

@@ -1,0 +1,157 @@
+"""GRPO end to end on 2 CPU workers and the tiny model: metrics, export, exact resume, and
+bad inputs that must fail before any worker starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoModelForCausalLM
+
+from hybrid.data import write_rows
+from hybrid.main import build_config
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.grpo import GRPOTrainer
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+REQUIRED = (
+    "step", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
+    "actor/grad_norm", "response_length/mean", "rollout/logprob_diff_max", "timing_s/step",
+    "timing_s/gen", "timing_s/sync", "timing_s/update_actor", "perf/throughput",
+)  # fmt: skip
+# Differ between runs by nature (wall time, memory); everything else must repeat exactly.
+UNREPEATABLE = ("timing_s/", "perf/", "memory/")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("grpo")
+    build_tiny_model(root / "model", TinyModelConfig.preset("tiny", vocab="arithmetic"), seed=0)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+            "data_source": "arithmetic",
+            "reward_model": {"ground_truth": str(a + b)},
+            "extra_info": {"index": 5 * a + b},
+        }
+        for a in range(5)
+        for b in range(5)
+    ]
+    write_rows(rows, root / "train.jsonl")
+    write_rows(rows[:8], root / "test.jsonl")
+    return root
+
+
+def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunConfig:
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        cfg = compose(
+            "config",
+            overrides=[
+                f"model.path={assets / 'model'}",
+                f"data.train_files=[{assets / 'train.jsonl'}]",
+                f"data.val_files=[{assets / 'test.jsonl'}]",
+                f"trainer.output_dir={output_dir}",
+                "data.train_batch_size=4",
+                "algorithm.ppo_mini_batch_size=2",
+                "rollout.n=4",
+                "actor.micro_batch_size=2",
+                "actor.use_kl_loss=true",
+                "actor.entropy_coeff=0.01",
+                "trainer.loggers=[jsonl]",
+                "trainer.val_before_train=false",
+                "trainer.test_freq=0",
+                *overrides,
+            ],
+        )
+    return build_config(cfg)
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_three_steps_write_metrics_and_a_loadable_model(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3")).fit()
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for row in metrics:
+        missing = [key for key in REQUIRED if key not in row]
+        assert not missing, missing
+        assert any(key.startswith("memory/") for key in row)
+        assert 0.0 <= row["reward/mean"] <= 1.0
+        assert row["rollout/logprob_diff_max"] < 0.05
+        assert row["actor/kl_loss"] >= 0.0
+    # The actor leaves the reference after its first optimizer step (2 mini-batches a step).
+    assert metrics[2]["actor/kl_loss"] > 0.0
+    model = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
+    assert model.config.vocab_size == 16
+    assert (out / "checkpoints" / "step_3").is_dir()
+
+
+def test_a_resumed_run_reproduces_the_uninterrupted_one(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    GRPOTrainer(
+        make_config(assets, straight, "trainer.total_steps=3", "trainer.export_hf=false")
+    ).fit()
+    GRPOTrainer(
+        make_config(assets, interrupted, "trainer.total_steps=2", "trainer.export_hf=false")
+    ).fit()
+    GRPOTrainer(
+        make_config(assets, interrupted, "trainer.total_steps=3", "trainer.export_hf=false")
+    ).fit()
+    expected, resumed = read_metrics(straight), read_metrics(interrupted)
+    assert [m["step"] for m in resumed] == [1, 2, 3]
+    repeatable = [key for key in expected[2] if not key.startswith(UNREPEATABLE)]
+    assert len(repeatable) > 10
+    for key in repeatable:
+        assert resumed[2][key] == expected[2][key], key
+
+
+def test_bad_inputs_fail_before_workers_start(assets: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"data\.train_files: .*missing\.parquet does not exist"):
+        make_config(assets, tmp_path, f"data.train_files=[{tmp_path / 'missing.parquet'}]")
+    with pytest.raises(
+        ValueError,
+        match=r"data\.train_batch_size \(4\) must be a multiple of algorithm\.ppo_mini_batch_size \(3\)",
+    ):
+        make_config(assets, tmp_path, "algorithm.ppo_mini_batch_size=3")
+    with pytest.raises(ValueError, match=r"rollout\.n must be >= 2"):
+        make_config(assets, tmp_path, "rollout.n=1")
+    with pytest.raises(ValueError, match=r"unknown config keys \['actor\.learning_rate'\]"):
+        make_config(assets, tmp_path, "+actor.learning_rate=1")
+    no_prompt = tmp_path / "no_prompt.jsonl"
+    no_prompt.write_text(
+        json.dumps({"data_source": "arithmetic", "reward_model": {"ground_truth": "1"}}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"no_prompt\.jsonl: row 0: .*'prompt'"):
+        GRPOTrainer(make_config(assets, tmp_path, f"data.train_files=[{no_prompt}]"))
+    unknown = tmp_path / "unknown.jsonl"
+    row = {
+        "prompt": [{"role": "user", "content": "1+1="}],
+        "data_source": "poetry",
+        "reward_model": {"ground_truth": "2"},
+    }
+    unknown.write_text(json.dumps(row) + "\n")
+    with pytest.raises(
+        ValueError, match=r"unknown\.jsonl:.*data_source 'poetry' has no built-in reward"
+    ):
+        GRPOTrainer(
+            make_config(
+                assets,
+                tmp_path,
+                f"data.train_files=[{unknown}]",
+                "data.train_batch_size=1",
+                "algorithm.ppo_mini_batch_size=1",
+            )
+        )
