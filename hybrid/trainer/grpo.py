@@ -152,9 +152,13 @@ class GRPOTrainer:
         rollout = rollout.union(
             Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
         )
+        t0 = time.perf_counter()
         if c.actor.use_kl_loss:
             rollout = rollout.union(self.ref.compute_ref_log_prob(rollout))
+        ref_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         rollout = rollout.union(self.actor.compute_log_prob(rollout))
+        old_s = time.perf_counter() - t0
 
         mask = rollout["response_mask"]
         diff_mean, diff_max = masked_stats(
@@ -180,9 +184,12 @@ class GRPOTrainer:
                     (rollout["entropys"] * mask).sum() / mask.sum().clamp(min=1)
                 ),
                 "timing_s/step": step_s,
-                "timing_s/gen": gen_s,
+                # The rollout call as the driver sees it: sync + generation + release + Ray.
+                "timing_s/rollout_call": gen_s,
+                "timing_s/gen": worker.get("timing_s/gen", 0.0),
                 "timing_s/sync": worker.get("timing_s/sync", 0.0),
-                "timing_s/old_log_prob": worker.get("timing_s/old_log_prob", 0.0),
+                "timing_s/ref": ref_s,
+                "timing_s/old_log_prob": old_s,
                 "timing_s/update_actor": update_s,
                 "perf/throughput": tokens / step_s / c.trainer.num_workers,
             }
