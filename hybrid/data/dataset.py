@@ -150,6 +150,18 @@ def _check_row(row: Mapping[str, Any], prompt_key: str, where: str) -> _Checked:
     )
 
 
+def _check_round_trip(tokenizer: Any, text: str, token_ids: list[int], where: str) -> None:
+    """A small vocabulary can drop characters it has no token for (the arithmetic one does):
+    refuse the row rather than train on a prompt that silently lost them."""
+    decoded = tokenizer.decode(token_ids, skip_special_tokens=False)
+    if decoded != text:
+        lost = sorted(set(text) - set(decoded))
+        raise ValueError(
+            f"{where}: field 'prompt' has characters the tokenizer cannot encode: {lost} "
+            f"(the prompt would lose them); use a tokenizer whose vocabulary covers them"
+        )
+
+
 def _raw_prompt(messages: list[dict[str, str]]) -> str:
     user = [m["content"] for m in messages if m["role"] == "user"]
     return user[-1] if user else messages[-1]["content"]
@@ -190,6 +202,7 @@ class PromptDataset:
                     checked.messages, add_generation_prompt=True, tokenize=False
                 )
                 token_ids = list(tokenizer.encode(text, add_special_tokens=False))
+                _check_round_trip(tokenizer, text, token_ids, f"{path}: row {index}")
                 source = f"{path}:{index}"
                 if len(token_ids) > max_prompt_length:
                     self.filtered_rows.append(source)

@@ -188,6 +188,8 @@ class GRPOTrainer:
                 "timing_s/rollout_call": gen_s,
                 "timing_s/gen": worker.get("timing_s/gen", 0.0),
                 "timing_s/sync": worker.get("timing_s/sync", 0.0),
+                "timing_s/sync_gather": worker.get("timing_s/sync_gather", 0.0),
+                "timing_s/sync_load": worker.get("timing_s/sync_load", 0.0),
                 "timing_s/ref": ref_s,
                 "timing_s/old_log_prob": old_s,
                 "timing_s/update_actor": update_s,

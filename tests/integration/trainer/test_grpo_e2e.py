@@ -4,6 +4,9 @@ bad inputs that must fail before any worker starts."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,14 @@ from hybrid.trainer.grpo import GRPOTrainer
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+_VLLM_LOAD = """
+import sys
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=32 << 20, max_model_len=64)
+out = llm.generate(["1+2="], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+print("generated", list(out[0].outputs[0].token_ids))
+"""
 
 REQUIRED = (
     "step", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
@@ -94,6 +105,22 @@ def test_three_steps_write_metrics_and_a_loadable_model(
     assert metrics[2]["actor/kl_loss"] > 0.0
     model = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
     assert model.config.vocab_size == 16
+    # vLLM loads it too (in a child process: this one may hold a torch.distributed world).
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    child = subprocess.run(
+        [sys.executable, "-c", _VLLM_LOAD, str(out / "hf_model")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "generated" in child.stdout
     assert (out / "checkpoints" / "step_3").is_dir()
 
 

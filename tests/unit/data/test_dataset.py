@@ -297,3 +297,18 @@ def test_validation_batches_cover_all_rows_in_order(dataset: PromptDataset) -> N
     assert [g for b in batches for g in b["ground_truth"]] == [str(i) for i in range(10)]
     assert batches[2].tensors["input_ids"].shape == (2, MAX_LEN)
     assert loader.state_dict() == state
+
+
+def test_characters_the_vocabulary_cannot_encode_are_refused(tmp_path: Path) -> None:
+    model_dir = build_tiny_model(tmp_path / "m", TinyModelConfig.preset("tiny", vocab="arithmetic"))
+    row = {
+        "prompt": [{"role": "user", "content": "3-1="}],
+        "data_source": "arithmetic",
+        "reward_model": {"ground_truth": "2"},
+    }
+    path = tmp_path / "minus.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(
+        ValueError, match=r"minus\.jsonl: row 0: field 'prompt' has characters .*\['-'\]"
+    ):
+        PromptDataset(path, load_tokenizer(model_dir), max_prompt_length=32)
