@@ -59,7 +59,6 @@ def contents(rows: list[dict[str, Any]]) -> list[str]:
 # ---- GSM8K ----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason=f"no raw GSM8K data at {GSM8K_DIR}")
 def test_gsm8k_converts_the_shared_data(
     tmp_path: Path, text_tokenizer: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

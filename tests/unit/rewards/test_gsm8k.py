@@ -22,8 +22,8 @@ GSM8K_TEST = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "g
 
 @pytest.fixture(scope="module")
 def gsm8k_rows() -> list[dict[str, str]]:
-    if not GSM8K_TEST.is_file():
-        pytest.skip(f"GSM8K test split not found at {GSM8K_TEST}")
+    # The project's shared data sits beside the checkout (as in CI); its absence is a failure.
+    assert GSM8K_TEST.is_file(), f"GSM8K test split not found at {GSM8K_TEST}"
     with GSM8K_TEST.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
