@@ -108,24 +108,28 @@ class ModeSwitch:
     @contextmanager
     def rollout_mode(self) -> Iterator[ModeSwitch]:
         self.require(Mode.TRAINER, "entering rollout mode")
+        entered = time.perf_counter()
         self.ledger.record("rollout/enter")
         try:
             with self.ledger.phase("sync"):
                 self.offloader.onload_params()
                 self.engine.resume(["weights"])
-                self.sync_weights()
+                transfer = self.sync_weights()
                 self.offloader.offload_params()
             self.engine.resume(["kv_cache"])
             self._trainer_rng = RngState.capture()
             RngState.restore(self._rollout_rng.state)
             self.mode = Mode.ROLLOUT
             self.ledger.record("rollout/ready")
+            # The switch's own cost: everything on the way in but the weight transfer.
+            self.ledger.add_time("mode_switch", time.perf_counter() - entered - transfer.total_s)
             yield self
         finally:
             self.trainer_mode()
 
     def trainer_mode(self) -> None:
         """Release the engine's KV cache and restore training state (idempotent)."""
+        started = time.perf_counter()
         self.engine.release()
         self.engine.llm.reset_prefix_cache()
         if self._trainer_rng is not None:
@@ -135,6 +139,7 @@ class ModeSwitch:
         self.offloader.empty_cache()
         self.mode = Mode.TRAINER
         self.ledger.record("trainer/ready")
+        self.ledger.add_time("mode_switch", time.perf_counter() - started)
 
     @contextmanager
     def trainer_phase(self, name: str, with_optimizer: bool = False) -> Iterator[None]:

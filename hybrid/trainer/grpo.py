@@ -190,6 +190,7 @@ class GRPOTrainer:
                 "timing_s/sync": worker.get("timing_s/sync", 0.0),
                 "timing_s/sync_gather": worker.get("timing_s/sync_gather", 0.0),
                 "timing_s/sync_load": worker.get("timing_s/sync_load", 0.0),
+                "timing_s/mode_switch": worker.get("timing_s/mode_switch", 0.0),
                 "timing_s/ref": ref_s,
                 "timing_s/old_log_prob": old_s,
                 "timing_s/update_actor": update_s,
