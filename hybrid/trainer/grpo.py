@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -202,19 +201,15 @@ class GRPOTrainer:
 
     def validate(self) -> dict[str, float]:
         assert self.val_data is not None
+        size = self.config.data.val_batch_size
+        batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
         scores = []
-        for batch in self.loader_for_validation():
+        for batch in batches.validation_batches(size):
             rollout = self.actor.generate_sequences(batch, greedy=True)
             batch_scores, _ = self.rewards.score(rollout)
             scores.append(batch_scores)
         joined = torch.cat(scores)
         return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
-
-    def loader_for_validation(self) -> Any:
-        assert self.val_data is not None
-        return PromptLoader(
-            self.val_data, self.config.data.val_batch_size, seed=0
-        ).validation_batches(self.config.data.val_batch_size)
 
     # --- checkpoints -----------------------------------------------------------------------
 

@@ -91,9 +91,11 @@ def test_three_steps_write_metrics_and_a_loadable_model(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3")).fit()
+    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", "trainer.test_freq=3")).fit()
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert metrics[2]["val/num_prompts"] == 8.0  # greedy validation over every held-out prompt
+    assert 0.0 <= metrics[2]["val/reward_mean"] <= 1.0
     for row in metrics:
         missing = [key for key in REQUIRED if key not in row]
         assert not missing, missing
