@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from hybrid.algorithms.advantages import compute_grpo_advantages
+from hybrid.algorithms.logprob import masked_mean
 from hybrid.controller import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -179,9 +180,7 @@ class GRPOTrainer:
                 "response_length/max": float(lengths.max()),
                 "rollout/logprob_diff_mean": diff_mean,
                 "rollout/logprob_diff_max": diff_max,
-                "actor/entropy_old": float(
-                    (rollout["entropys"] * mask).sum() / mask.sum().clamp(min=1)
-                ),
+                "actor/entropy_old": float(masked_mean(rollout["entropys"], mask)),
                 "timing_s/step": step_s,
                 # The rollout call as the driver sees it: sync + generation + release + Ray.
                 "timing_s/rollout_call": gen_s,

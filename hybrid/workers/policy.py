@@ -18,7 +18,12 @@ import torch.distributed as dist
 
 from hybrid.algorithms.kl import kl_penalty
 from hybrid.algorithms.logprob import entropy_from_logits, log_probs_from_logits
-from hybrid.algorithms.policy_loss import aggregate_loss, policy_loss, truncated_importance_weights
+from hybrid.algorithms.policy_loss import (
+    aggregate_loss,
+    compose_actor_loss,
+    policy_loss,
+    truncated_importance_weights,
+)
 from hybrid.data import Batch
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import response_logits
@@ -101,15 +106,13 @@ class PolicyTrainer:
                 global_tokens=global_tokens,
                 global_seqs=global_seqs,
             )
-            loss = pg_loss
             with torch.set_grad_enabled(c.entropy_coeff > 0):
                 entropy = aggregate(entropy_from_logits(logits))
-            if c.entropy_coeff > 0:
-                loss = loss - c.entropy_coeff * entropy
+            kl: torch.Tensor | float = 0.0
             if c.use_kl_loss:
                 kl = aggregate(kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type))
-                loss = loss + c.kl_loss_coef * kl
                 totals["actor/kl_loss"] += float(kl.detach()) * scale
+            loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
             (loss * scale).backward()
             # Scaled like the gradient: the mean over ranks is the loss of the global batch.
             totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
