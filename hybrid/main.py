@@ -21,7 +21,9 @@ def build_config(cfg: DictConfig) -> TrainerRunConfig:
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     data.pop("hydra", None)
-    return from_dict(TrainerRunConfig, data)
+    config = from_dict(TrainerRunConfig, data)
+    config.check_paths()
+    return config
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="config")

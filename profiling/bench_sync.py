@@ -46,7 +46,8 @@ from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import group_parameters, iter_full_parameters
-from hybrid.workers import ActorConfig, ActorRolloutWorker, HybridWorkerConfig, ModelConfig
+from hybrid.workers.actor_rollout import ActorRolloutWorker
+from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig
 
 MODES = ("tensor", "layer", "bucket")
 

@@ -57,11 +57,21 @@ class VllmEngine:
         except RuntimeError as error:
             raise explain_shm_collision(error) from error
         self._shm_segment = None if self.on_cuda else cpu_shm_segment()
+        # What is allocated on the device: sleep mode moves the weights to the host and drops
+        # the KV cache; on CPU nothing ever leaves.
+        self.resident: set[ResumeTag] = {"weights", "kv_cache"}
 
     @cached_property
     def model(self) -> torch.nn.Module:
         """The engine's torch module (same process: returned by reference)."""
         return self.llm.collective_rpc(_get_model)[0]
+
+    @cached_property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV cache vLLM allocated (its layers are views of shared buffers)."""
+        caches = self.llm.collective_rpc(_get_kv_caches)[0]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in caches}
+        return sum(storages.values())
 
     def generate(
         self,
@@ -135,10 +145,12 @@ class VllmEngine:
     def release(self) -> None:
         if self.on_cuda and self.config.free_cache_engine:
             self.llm.sleep(level=1)
+            self.resident = set()
 
     def resume(self, tags: Sequence[ResumeTag]) -> None:
         if self.on_cuda and self.config.free_cache_engine:
             self.llm.wake_up(tags=list(tags))
+            self.resident |= set(tags)
 
     def shutdown(self) -> None:
         """Free the engine before the process group goes away (vLLM raises otherwise)."""
@@ -151,3 +163,7 @@ class VllmEngine:
 
 def _get_model(worker: Any) -> torch.nn.Module:
     return worker.model_runner.get_model()
+
+
+def _get_kv_caches(worker: Any) -> list[torch.Tensor]:
+    return list(worker.model_runner.kv_caches)

@@ -10,8 +10,9 @@ from hybrid.validation import check_choice, check_positive
 
 @dataclass(frozen=True)
 class SyncConfig:
-    gather: Literal["tensor", "layer", "bucket"] = "layer"
-    """Gather granularity: one parameter, one decoder layer (layered summon) or a byte bucket."""
+    gather: Literal["full", "tensor", "layer", "bucket"] = "layer"
+    """Gather granularity: the whole model, one parameter, one decoder layer (layered summon)
+    or a byte bucket."""
     bucket_mb: int = 64
     """Bucket size for gather="bucket"."""
     strategy: Literal["auto", "reload", "direct"] = "auto"
@@ -20,6 +21,6 @@ class SyncConfig:
     """After each sync, compare a checksum of every readable engine tensor with the source."""
 
     def __post_init__(self) -> None:
-        check_choice("sync", "gather", self.gather, ("tensor", "layer", "bucket"))
+        check_choice("sync", "gather", self.gather, ("full", "tensor", "layer", "bucket"))
         check_choice("sync", "strategy", self.strategy, ("auto", "reload", "direct"))
         check_positive("sync", bucket_mb=self.bucket_mb)

@@ -8,23 +8,24 @@ the engine dtype before the gather, which halves the bytes moved and is bit-iden
 casting the full tensor afterwards.
 
 Granularity decides how many full tensors are alive together, hence the peak memory:
+  full:   the whole model         (peak: all parameters at once; what a plain state_dict does)
   tensor: one parameter          (peak: the largest parameter)
   layer:  one decoder layer      (peak: the largest layer; the "layered summon")
   bucket: up to `bucket_bytes`   (peak: one bucket)
-All three produce the same tensors. The consumer takes them one by one and each is released
+All four produce the same tensors. The consumer takes them one by one and each is released
 as soon as the consumer lets go of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-Granularity = Literal["tensor", "layer", "bucket"]
+Granularity = Literal["full", "tensor", "layer", "bucket"]
 NamedParam = tuple[str, torch.Tensor]
 
 # gloo has no 16-bit collectives: move bf16/fp16 as raw bytes (dim-0 rows stay rows).
@@ -35,6 +36,8 @@ def group_parameters(
     named_params: list[NamedParam], granularity: Granularity, bucket_bytes: int, dtype: torch.dtype
 ) -> list[list[NamedParam]]:
     """Split parameters (in model order) into the groups gathered together."""
+    if granularity == "full":
+        return [list(named_params)]
     if granularity == "tensor":
         return [[item] for item in named_params]
     if granularity == "layer":
@@ -53,7 +56,7 @@ def group_parameters(
             buckets[-1].append((name, param))
             size += nbytes
         return buckets
-    raise ValueError(f"sync.gather must be tensor, layer or bucket, got {granularity!r}")
+    raise ValueError(f"sync.gather must be full, tensor, layer or bucket, got {granularity!r}")
 
 
 def _layer_key(name: str) -> str:
@@ -100,17 +103,23 @@ def iter_full_parameters(
     granularity: Granularity,
     dtype: torch.dtype,
     bucket_bytes: int = 64 << 20,
+    on_group_done: Callable[[int, int], None] | None = None,
 ) -> Iterator[NamedParam]:
     """Yield (name, full tensor) for every parameter of `model`, gathering group by group.
 
     Only one group is materialised at a time: the consumer (the engine's loader) copies each
     tensor before the next group is gathered. Tied parameters appear once, under their first
-    name (what vLLM expects of a tied checkpoint).
+    name (what vLLM expects of a tied checkpoint). `on_group_done(index, full_bytes)` runs
+    when the consumer asks for the tensor after a group's last one, i.e. once it has loaded
+    the whole group (the memory ledger's per-chunk boundary).
     """
     named: list[NamedParam] = list(model.named_parameters())
-    for group in group_parameters(named, granularity, bucket_bytes, dtype):
+    for index, group in enumerate(group_parameters(named, granularity, bucket_bytes, dtype)):
         gathered = gather_full(group, dtype)
+        full_bytes = sum(t.nbytes for _, t in gathered)
         gathered.reverse()
         while gathered:
             # Hand over and forget: a tensor is freed as soon as the consumer is done with it.
             yield gathered.pop()
+        if on_group_done is not None:
+            on_group_done(index, full_bytes)

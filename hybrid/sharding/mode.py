@@ -9,7 +9,8 @@ weights, stream the gathered shards into the engine in place, offload the actor,
 cache, swap to the rollout RNG. Leaving the block (normally or by exception) runs
 `trainer_mode()`: release the KV cache, reset the prefix cache, swap the RNG back, free
 caches. `trainer_phase()` brackets training-side work with the same onload/offload rules.
-Nothing else calls sleep, wake, offload or onload. Every boundary lands in the ledger.
+Nothing else calls sleep, wake, offload or onload. Every boundary lands in the memory ledger
+under the names of hybrid.memory.records.STEP_PHASES.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from enum import Enum
 
 import torch
 
+from hybrid.memory.ledger import MemoryLedger, TimedIterator
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import iter_full_parameters
-from hybrid.sharding.ledger import MemoryLedger, TimedIterator
 from hybrid.sharding.loader import WeightLoader, engine_name
 from hybrid.sharding.offload import Offloader
 
@@ -111,16 +112,19 @@ class ModeSwitch:
         entered = time.perf_counter()
         self.ledger.record("rollout/enter")
         try:
-            with self.ledger.phase("sync"):
+            with self.ledger.timed("sync"):
                 self.offloader.onload_params()
+                self.ledger.record("sync/onload_actor")
                 self.engine.resume(["weights"])
+                self.ledger.record("sync/wake_weights")
                 transfer = self.sync_weights()
                 self.offloader.offload_params()
+                self.ledger.record("sync/offload_actor")
             self.engine.resume(["kv_cache"])
             self._trainer_rng = RngState.capture()
             RngState.restore(self._rollout_rng.state)
             self.mode = Mode.ROLLOUT
-            self.ledger.record("rollout/ready")
+            self.ledger.record("rollout/wake_kv")
             # The switch's own cost: everything on the way in but the weight transfer.
             self.ledger.add_time("mode_switch", time.perf_counter() - entered - transfer.total_s)
             yield self
@@ -131,6 +135,7 @@ class ModeSwitch:
         """Release the engine's KV cache and restore training state (idempotent)."""
         started = time.perf_counter()
         self.engine.release()
+        self.ledger.record("trainer/release_kv")
         self.engine.llm.reset_prefix_cache()
         if self._trainer_rng is not None:
             self._rollout_rng.state = RngState.capture()
@@ -142,19 +147,24 @@ class ModeSwitch:
         self.ledger.add_time("mode_switch", time.perf_counter() - started)
 
     @contextmanager
-    def trainer_phase(self, name: str, with_optimizer: bool = False) -> Iterator[None]:
-        """Training-side work (log-probs, updates) with the actor on device."""
-        self.require(Mode.TRAINER, name)
-        with self.ledger.phase(name):
+    def trainer_phase(
+        self, name: str, with_optimizer: bool = False, caller: str | None = None
+    ) -> Iterator[None]:
+        """Training-side work (log-probs, updates) with the actor on device. `name` labels the
+        ledger's boundaries; `caller`, the worker method a mode error names (default: name)."""
+        self.require(Mode.TRAINER, caller or name)
+        with self.ledger.timed(name):
             self.offloader.onload_params()
             if with_optimizer:
                 self.offloader.onload_optimizer()
+            self.ledger.record(f"{name}/onload")
             try:
                 yield
             finally:
                 if with_optimizer:
                     self.offloader.offload_optimizer()
                 self.offloader.offload_params()
+                self.ledger.record(f"{name}/offload")
 
     def configure(self, sync: SyncConfig) -> None:
         self.require(Mode.TRAINER, "changing the sync configuration")
@@ -172,6 +182,7 @@ class ModeSwitch:
                 self.sync_config.gather,
                 torch.bfloat16,
                 self.sync_config.bucket_mb << 20,
+                on_group_done=self._chunk_loaded,
             )
         )
         weights: Iterable[tuple[str, torch.Tensor]] = gathered
@@ -186,6 +197,14 @@ class ModeSwitch:
         self.ledger.add_time("sync_gather", times.gather_s)
         self.ledger.add_time("sync_load", times.total_s - times.gather_s)
         return times
+
+    def _chunk_loaded(self, index: int, full_bytes: int) -> None:
+        self.ledger.record(
+            "sync/gather_load",
+            chunk=index,
+            transient={"gather_buffers": full_bytes},
+            reuse_components=True,
+        )
 
     @property
     def strategy(self) -> str | None:

@@ -91,9 +91,28 @@ class TrainerConfig:
     """Seed of everything the driver samples."""
     export_hf: bool = True
     """Write the final actor as a Hugging Face model directory."""
+    memory_log_freq: int = 1
+    """Append the memory ledger of every N-th step to output_dir/memory.jsonl (0: never;
+    the initialisation is always written). `python -m profiling.memory_report` reads it."""
+    memory_snapshot_step: int | None = None
+    """On CUDA, record torch's allocation history during this step and save it under
+    output_dir/memory_snapshots/ (viewable at pytorch.org/memory_viz)."""
 
     def __post_init__(self) -> None:
         check_positive("trainer", total_steps=self.total_steps, num_workers=self.num_workers)
+        if self.memory_log_freq < 0:
+            raise ValueError(f"trainer.memory_log_freq must be >= 0, got {self.memory_log_freq}")
+        if self.memory_snapshot_step is not None:
+            if not self.use_gpu:
+                raise ValueError(
+                    "trainer.memory_snapshot_step needs CUDA (trainer.use_gpu=true): torch "
+                    "records allocation history only for CUDA memory"
+                )
+            if not 1 <= self.memory_snapshot_step <= self.total_steps:
+                raise ValueError(
+                    f"trainer.memory_snapshot_step must be in [1, trainer.total_steps="
+                    f"{self.total_steps}], got {self.memory_snapshot_step}"
+                )
         check_choice("trainer", "resume", self.resume, ("auto", "disable"))
         for sink in self.loggers:
             check_choice("trainer", "loggers", sink, get_args(Sink))
@@ -137,6 +156,10 @@ class TrainerRunConfig:
                 f"data.max_prompt_length ({self.data.max_prompt_length}) exceeds rollout.prompt_length "
                 f"({self.rollout.prompt_length})"
             )
+
+    def check_paths(self) -> None:
+        """The files a run reads exist (not part of __post_init__: the memory planner reads a
+        run's config on a machine without its data)."""
         for name in ("train_files", "val_files"):
             for path in getattr(self.data, name):
                 if not Path(path).exists():

@@ -9,6 +9,7 @@ advantages, balancing) on CPU.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from hybrid.controller import (
     create_colocated_worker_cls,
 )
 from hybrid.data import Batch, PromptDataset, PromptLoader
+from hybrid.memory.records import write_records
 from hybrid.models import load_tokenizer
 from hybrid.rewards.manager import RewardManager
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
@@ -31,7 +33,8 @@ from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
-from hybrid.workers import ActorRolloutWorker, ReferenceWorker
+from hybrid.workers.actor_rollout import ActorRolloutWorker
+from hybrid.workers.ref import ReferenceWorker
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ def check_data_sources(*datasets: PromptDataset | None) -> None:
 
 class GRPOTrainer:
     def __init__(self, config: TrainerRunConfig) -> None:
+        config.check_paths()
         self.config = config
         c = config
         tokenizer = load_tokenizer(c.model.path)
@@ -94,6 +98,7 @@ class GRPOTrainer:
         self.actor.init_model()
         if c.actor.use_kl_loss:
             self.ref.init_model()
+        self.log_memory(0)
 
     def stop_workers(self) -> None:
         self.actor.shutdown_engine()
@@ -104,6 +109,9 @@ class GRPOTrainer:
     def fit(self) -> dict[str, float]:
         c = self.config
         out = c.trainer.output_dir
+        Path(out).mkdir(parents=True, exist_ok=True)
+        # The resolved config, for the memory report's predicted-vs-measured table.
+        (Path(out) / "config.json").write_text(json.dumps(dataclasses.asdict(c), indent=1))
         self.start_workers()
         sinks = make_sinks(
             c.trainer.loggers, Path(out), c.trainer.total_steps, dataclasses.asdict(c)
@@ -112,10 +120,16 @@ class GRPOTrainer:
             self._maybe_resume()
             if c.trainer.val_before_train and self.val_data is not None and self.step == 0:
                 sinks.log(0, self.validate())
+                self.log_memory(0)
             metrics: dict[str, float] = {}
             while self.step < c.trainer.total_steps:
                 self.step += 1
+                snapshot = self.step == c.trainer.memory_snapshot_step
+                if snapshot:
+                    self.actor.start_memory_history()
                 metrics = self.train_step()
+                if snapshot:
+                    self.actor.dump_memory_history(str(Path(out) / "memory_snapshots"), self.step)
                 self.reward_history.append(metrics["reward/mean"])
                 if (
                     self.val_data is not None
@@ -127,6 +141,7 @@ class GRPOTrainer:
                 last = self.step == c.trainer.total_steps
                 if last or (c.trainer.save_freq and self.step % c.trainer.save_freq == 0):
                     self.save()
+                self.log_memory(self.step)
             if c.trainer.export_hf:
                 self.actor.export_hf(str(Path(out) / "hf_model"))
             return metrics
@@ -197,6 +212,14 @@ class GRPOTrainer:
         )
         metrics.setdefault("actor/kl_loss", 0.0)
         return metrics
+
+    def log_memory(self, step: int) -> None:
+        """Drain every worker's memory ledger; append it to memory.jsonl when due."""
+        per_rank = self.actor.pop_memory_records(step)
+        freq = self.config.trainer.memory_log_freq
+        if step == 0 or (freq and step % freq == 0):
+            path = Path(self.config.trainer.output_dir) / "memory.jsonl"
+            write_records(path, [record for records in per_rank for record in records])
 
     def validate(self) -> dict[str, float]:
         assert self.val_data is not None

@@ -1,14 +1,4 @@
-"""The WorkerDict members: the actor with its rollout engine, and the reference policy."""
-
-from hybrid.workers.actor_rollout import ActorRolloutWorker
-from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig, RefConfig
-from hybrid.workers.ref import ReferenceWorker
-
-__all__ = [
-    "ActorConfig",
-    "ActorRolloutWorker",
-    "HybridWorkerConfig",
-    "ModelConfig",
-    "RefConfig",
-    "ReferenceWorker",
-]
+"""The WorkerDict members: the actor with its rollout engine (actor_rollout.py), and the
+reference policy (ref.py); their configs (config.py) import nothing heavy, so the trainer's
+config and the memory planner can be loaded without torch.distributed or vLLM.
+"""

@@ -1,8 +1,9 @@
 """ActorRolloutWorker: the FSDP2 actor and the in-process vLLM engine of one WorkerDict.
 
 Composed of small parts: PolicyTrainer (optimisation), VllmEngine (generation), ModeSwitch
-(the memory hand-over between them, with the weight sync) and a MemoryLedger (phase
-boundaries). The driver reaches it through the `actor_rollout` view.
+(the memory hand-over between them, with the weight sync) and the process's MemoryLedger
+(phase boundaries, and the bytes each part holds). The driver reaches it through the
+`actor_rollout` view.
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
+from hybrid.memory.components import (
+    ByDevice,
+    full_parameter_count,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
+from hybrid.memory.ledger import process_ledger
+from hybrid.memory.records import MemoryRecord
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import verify
 from hybrid.sharding.config import SyncConfig
-from hybrid.sharding.ledger import MemoryLedger
 from hybrid.sharding.mode import Mode, ModeSwitch
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
@@ -34,28 +43,35 @@ from hybrid.workers.sequences import pack_rollout, unpad_prompts
 class ActorRolloutWorker(Worker):
     def __init__(self, config: HybridWorkerConfig) -> None:
         self.config = config
-        self.ledger = MemoryLedger()
+        self.ledger = process_ledger(self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         c = self.config
         self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
         device = self.parallel.device
-        with self.ledger.phase("init_actor"):
-            self.model = build_fsdp_model(
-                c.model.path,
-                self.parallel.fsdp_mesh,
-                device,
-                param_dtype=dtype_of(c.actor.param_dtype),
-                reduce_dtype=dtype_of(c.actor.reduce_dtype),
-                master_dtype=dtype_of(c.actor.master_dtype),
-                attn_implementation=c.model.attn_implementation,
-                gradient_checkpointing=c.model.gradient_checkpointing,
-            )
-            a = c.actor
-            self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
-        with self.ledger.phase("init_rollout"):
-            self.engine = VllmEngine(c.model.path, c.rollout, device)
+        self.model = build_fsdp_model(
+            c.model.path,
+            self.parallel.fsdp_mesh,
+            device,
+            param_dtype=dtype_of(c.actor.param_dtype),
+            reduce_dtype=dtype_of(c.actor.reduce_dtype),
+            master_dtype=dtype_of(c.actor.master_dtype),
+            attn_implementation=c.model.attn_implementation,
+            gradient_checkpointing=c.model.gradient_checkpointing,
+        )
+        a = c.actor
+        self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
+        self.ledger.track("actor", self._actor_components)
+        self.ledger.record("init/actor")
+        self.engine = VllmEngine(c.model.path, c.rollout, device)
+        # vLLM keeps bf16 weights, split over the tensor-parallel group. On CPU it repacks the
+        # linear weights into oneDNN buffers that are not tensors, so count from the shapes.
+        self._rollout_weight_bytes = (
+            full_parameter_count(self.model) * 2 // c.rollout.tensor_parallel_size
+        )
+        self.ledger.track("rollout", self._rollout_components)
+        self.ledger.record("init/rollout")
         self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
         offloader = Offloader(
             self.model, self.optimizer, device, c.actor.param_offload, c.actor.optimizer_offload
@@ -63,10 +79,26 @@ class ActorRolloutWorker(Worker):
         self.modes = ModeSwitch(
             self.model, self.engine, offloader, c.sync, self.ledger, c.rollout.seed + self.rank
         )
-        self.trainer = PolicyTrainer(self.model, self.optimizer, c.actor)
+        self.trainer = PolicyTrainer(self.model, self.optimizer, c.actor, self.ledger)
         self.modes.trainer_mode()  # start with the KV cache released and the actor offloaded
         offloader.offload_optimizer()
         offloader.offload_params()
+
+    def _actor_components(self) -> dict[str, ByDevice]:
+        return {
+            "actor_params": parameter_bytes(self.model),
+            "actor_grads": gradient_bytes(self.model),
+            "optimizer_state": optimizer_state_bytes(self.optimizer),
+        }
+
+    def _rollout_components(self) -> dict[str, ByDevice]:
+        device, host = self.parallel.device.type, "cpu"
+        resident = self.engine.resident
+        weights_at = device if "weights" in resident else host  # sleep level 1 offloads them
+        components = {"rollout_weights": ByDevice({weights_at: self._rollout_weight_bytes})}
+        if "kv_cache" in resident:
+            components["kv_cache"] = ByDevice({device: self.engine.kv_cache_bytes})
+        return components
 
     # --- rollout -------------------------------------------------------------------------
 
@@ -109,12 +141,13 @@ class ActorRolloutWorker(Worker):
         seeds = batch.tensors["seed"].tolist() if "seed" in batch else [None] * len(batch)
         shared, mine = gather_across_tp(self.parallel, list(zip(requests, seeds, strict=True)))
         shared_seeds = [seed for _, seed in shared]
-        with self.ledger.phase("gen"):
+        with self.ledger.timed("gen"):
             samples = self.engine.generate(
                 [request for request, _ in shared],
                 greedy=greedy,
                 seeds=None if None in shared_seeds else shared_seeds,
             )[mine.start * n : mine.stop * n]
+        self.ledger.record("rollout/generate")
         rows = batch.repeat(n, interleave=True)  # n adjacent samples per prompt
         packed = pack_rollout(
             rows.tensors["input_ids"],
@@ -166,7 +199,7 @@ class ActorRolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
-        with self.modes.trainer_phase("old_log_prob"):
+        with self.modes.trainer_phase("old_log_prob", caller="compute_log_prob"):
             self.model.eval()
             scored = score_responses(
                 self.model,
@@ -174,21 +207,43 @@ class ActorRolloutWorker(Worker):
                 self.config.actor.micro_batch_size,
                 with_entropy=True,
             )
+            self.ledger.record("old_log_prob/forward")
         return Batch.from_dict(
             {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        with self.modes.trainer_phase("update_actor", with_optimizer=True):
+        with self.modes.trainer_phase("update", with_optimizer=True, caller="update_actor"):
             return self.trainer.update(batch.to(self.parallel.device))
 
     # --- state ---------------------------------------------------------------------------
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pop_metrics(self) -> dict[str, float]:
-        """This step's memory/timing ledger as flat metrics; starts a new step."""
-        return self.ledger.drain()
+        """This step's timings and memory headline (the whole process: ref included)."""
+        return self.ledger.pop_metrics()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_memory_records(self, step: int) -> list[MemoryRecord]:
+        """The memory ledger's boundaries since the last call, stamped with `step`."""
+        return self.ledger.pop_records(step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_memory_history(self, max_entries: int = 100_000) -> None:
+        """Record every CUDA allocation from now on (torch's memory snapshot history)."""
+        if self.parallel.device.type != "cuda":
+            raise RuntimeError("memory snapshots need CUDA (trainer.use_gpu=true)")
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def dump_memory_history(self, directory: str, step: int) -> str:
+        """Save the recorded history as `<directory>/rank<r>_step<s>.pickle` and stop."""
+        path = Path(directory) / f"rank{self.rank}_step{step}.pickle"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return str(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def configure_sync(self, sync: SyncConfig) -> None:

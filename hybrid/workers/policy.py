@@ -25,6 +25,7 @@ from hybrid.algorithms.policy_loss import (
     truncated_importance_weights,
 )
 from hybrid.data import Batch
+from hybrid.memory.ledger import MemoryLedger
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import response_logits
 from hybrid.workers.fsdp import clip_and_step
@@ -42,11 +43,16 @@ UPDATE_KEYS = (
 
 class PolicyTrainer:
     def __init__(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ActorConfig
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: ActorConfig,
+        ledger: MemoryLedger | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.config = config
+        self.ledger = ledger
 
     def update(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over this rank's rows, one optimizer step per mini-batch."""
@@ -76,7 +82,7 @@ class PolicyTrainer:
         scale = dist.get_world_size() if dist.is_initialized() else 1
         totals = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
         fractions: dict[str, float] = {}
-        for start in range(0, len(mini), c.micro_batch_size):
+        for index, start in enumerate(range(0, len(mini), c.micro_batch_size)):
             micro = mini[start : start + c.micro_batch_size]
             mask = micro.tensors["response_mask"]
             logits = response_logits(self.model, micro)
@@ -113,7 +119,9 @@ class PolicyTrainer:
                 kl = aggregate(kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type))
                 totals["actor/kl_loss"] += float(kl.detach()) * scale
             loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
+            self._boundary("update/forward", index)
             (loss * scale).backward()
+            self._boundary("update/backward", index)
             # Scaled like the gradient: the mean over ranks is the loss of the global batch.
             totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
             totals["actor/entropy"] += float(entropy.detach()) * scale
@@ -121,6 +129,7 @@ class PolicyTrainer:
             for key, value in pg_metrics.items():
                 fractions[key] = fractions.get(key, 0.0) + value * share
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
+        self._boundary("update/optimizer_step")
         return {
             **totals,
             **fractions,
@@ -128,6 +137,10 @@ class PolicyTrainer:
             "actor/step_applied": float(applied),
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
+
+    def _boundary(self, phase: str, chunk: int | None = None) -> None:
+        if self.ledger is not None:
+            self.ledger.record(phase, chunk=chunk)
 
 
 def _global_sum(value: float, device: torch.device) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
-from hybrid.sharding.ledger import MemoryLedger
+from hybrid.memory.components import ByDevice, parameter_bytes
+from hybrid.memory.ledger import process_ledger
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.config import HybridWorkerConfig, dtype_of
 from hybrid.workers.forward import score_responses
@@ -15,7 +16,8 @@ from hybrid.workers.parallel import init_parallel
 class ReferenceWorker(Worker):
     def __init__(self, config: HybridWorkerConfig) -> None:
         self.config = config
-        self.ledger = MemoryLedger()
+        # The process's ledger: shared with actor_rollout, which drains it.
+        self.ledger = process_ledger(self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -23,25 +25,30 @@ class ReferenceWorker(Worker):
         parallel = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
         self.device = parallel.device
         dtype = dtype_of(c.ref.param_dtype)
-        with self.ledger.phase("init_ref"):
-            self.model = build_fsdp_model(
-                c.model.path,
-                parallel.fsdp_mesh,
-                self.device,
-                param_dtype=dtype,
-                master_dtype=dtype,
-                attn_implementation=c.model.attn_implementation,
-                trainable=False,
-            )
+        self.model = build_fsdp_model(
+            c.model.path,
+            parallel.fsdp_mesh,
+            self.device,
+            param_dtype=dtype,
+            master_dtype=dtype,
+            attn_implementation=c.model.attn_implementation,
+            trainable=False,
+        )
+        self.ledger.track("ref", self._components)
         self.offloader = Offloader(
             self.model, None, self.device, c.ref.param_offload, optimizer_offload=False
         )
         self.offloader.offload_params()
+        self.ledger.record("init/ref")
+
+    def _components(self) -> dict[str, ByDevice]:
+        return {"ref_params": parameter_bytes(self.model)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        with self.ledger.phase("ref"):
+        with self.ledger.timed("ref"):
             self.offloader.onload_params()
+            self.ledger.record("ref/onload")
             try:
                 scored = score_responses(
                     self.model,
@@ -49,10 +56,8 @@ class ReferenceWorker(Worker):
                     self.config.ref.micro_batch_size,
                     with_entropy=False,
                 )
+                self.ledger.record("ref/forward")
             finally:
                 self.offloader.offload_params()
+                self.ledger.record("ref/offload")
         return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def pop_metrics(self) -> dict[str, float]:
-        return self.ledger.drain()

@@ -20,11 +20,11 @@ def test_direct_strategy_loads_in_place_and_matches_the_actor(tmp_path: Path) ->
     import torch.distributed as dist
 
     from hybrid.controller import RankEnv
+    from hybrid.memory.ledger import MemoryLedger
     from hybrid.models import TinyModelConfig, build_tiny_model
     from hybrid.rollout.config import RolloutConfig
     from hybrid.rollout.vllm_engine import VllmEngine
     from hybrid.sharding.config import SyncConfig
-    from hybrid.sharding.ledger import MemoryLedger
     from hybrid.sharding.mode import ModeSwitch
     from hybrid.sharding.offload import Offloader
     from hybrid.workers.fsdp import build_fsdp_model

@@ -1,5 +1,5 @@
 """GRPO end to end on 2 CPU workers and the tiny model: metrics, export, exact resume, and
-bad inputs that must fail before any worker starts."""
+bad inputs that must fail before any worker starts, and the memory report of a run."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from hybrid.data import write_rows
 from hybrid.main import build_config
+from hybrid.memory.records import STEADY_PHASES, STEP_PHASES, read_records
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
+from profiling import memory_report
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -87,11 +89,19 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_three_steps_write_metrics_and_a_loadable_model(
-    ray_cluster: None, assets: Path, tmp_path: Path
-) -> None:
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def three_step_run(
+    ray_cluster: None, assets: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """One 3-step run (KL loss on: every phase of a step is recorded), shared by the tests
+    that read its output directory."""
+    out = tmp_path_factory.mktemp("three_steps") / "run"
     GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", "trainer.test_freq=3")).fit()
+    return out
+
+
+def test_three_steps_write_metrics_and_a_loadable_model(three_step_run: Path) -> None:
+    out = three_step_run
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert metrics[2]["val/num_prompts"] == 8.0  # greedy validation over every held-out prompt
@@ -124,6 +134,31 @@ def test_three_steps_write_metrics_and_a_loadable_model(
     assert child.returncode == 0, child.stderr[-2000:]
     assert "generated" in child.stdout
     assert (out / "checkpoints" / "step_3").is_dir()
+
+
+def test_the_memory_report_accounts_for_the_steady_states(three_step_run: Path) -> None:
+    """memory.jsonl -> memory_report.md + memory_timeline.png; the components found on the
+    objects add up to the measured RSS of both steady states within 10%."""
+    out = three_step_run
+    records = list(read_records(out / "memory.jsonl"))
+    assert {r.rank for r in records} == {0, 1}
+    assert {r.step for r in records} == {0, 1, 2, 3}
+    for step in (1, 2, 3):  # every boundary of a step, in order, on every rank
+        for rank in (0, 1):
+            seen = [r.phase for r in records if r.step == step and r.rank == rank]
+            assert list(dict.fromkeys(p for p in seen if p in STEP_PHASES)) == list(STEP_PHASES)
+    for record in records:
+        if record.step >= 2 and record.phase in STEADY_PHASES.values():
+            ratio = record.attributed_gib / record.current_gib
+            assert 0.9 <= ratio <= 1.1, (record.phase, record.rank, record.step, ratio)
+
+    assert memory_report.main([str(out)]) == 0
+    report = (out / "memory_report.md").read_text()
+    table = [line for line in report.splitlines() if line.startswith("| `")]
+    for phase in STEP_PHASES:
+        assert any(line.startswith(f"| `{phase}` |") for line in table), phase
+    assert "## Global peak" in report and "## Drift of the steady states" in report
+    assert (out / "memory_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_resumed_run_reproduces_the_uninterrupted_one(

@@ -17,7 +17,8 @@ from hybrid.data.prompts import chat_prompts
 from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
-from hybrid.workers import ActorConfig, HybridWorkerConfig, ModelConfig, ReferenceWorker
+from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig
+from hybrid.workers.ref import ReferenceWorker
 from tests.integration.workers.hybrid_workers import InspectableActorRollout
 
 PROMPTS = ["1+2=", "3+4=", "12+30=", "7+7=", "9+1=", "5+6="]

@@ -7,7 +7,7 @@ import torch
 
 from hybrid.controller import Dispatch, register
 from hybrid.data import Batch
-from hybrid.workers import ActorRolloutWorker
+from hybrid.workers.actor_rollout import ActorRolloutWorker
 
 
 class InspectableActorRollout(ActorRolloutWorker):

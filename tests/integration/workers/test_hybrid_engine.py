@@ -157,5 +157,37 @@ def test_metrics_carry_memory_and_timing(hybrid: tuple) -> None:
     actor.sync_once()
     metrics = actor.pop_metrics()[0]
     assert metrics["timing_s/sync"] > 0
-    assert metrics["memory/rollout/ready/rss_gib"] > 0
-    assert "memory/trainer/ready/rss_gib" in metrics
+    assert metrics["memory/rollout_gib"] > 0
+    assert metrics["memory/trainer_gib"] > 0
+    assert metrics["memory/peak_gib"] >= metrics["memory/trainer_gib"]
+
+
+def test_memory_records_follow_the_sync_phase_by_phase(hybrid: tuple) -> None:
+    _, views = hybrid
+    actor = views["actor_rollout"]
+    actor.pop_memory_records(0)
+    actor.sync_once()
+    for rank, records in enumerate(actor.pop_memory_records(7)):
+        phases = [r.phase for r in records]
+        chunks = phases.count("sync/gather_load")
+        assert chunks >= 2  # the tiny model has several groups whatever the gather mode
+        assert phases == [
+            "rollout/enter",
+            "sync/onload_actor",
+            "sync/wake_weights",
+            *["sync/gather_load"] * chunks,
+            "sync/offload_actor",
+            "rollout/wake_kv",
+            "trainer/release_kv",
+            "trainer/ready",
+        ]
+        assert {r.step for r in records} == {7} and {r.rank for r in records} == {rank}
+        loads = [r for r in records if r.phase == "sync/gather_load"]
+        assert [r.chunk for r in loads] == list(range(chunks))
+        assert all(r.components_gib["gather_buffers"] > 0 for r in loads)
+        ready = records[-1]
+        # Every member's bytes are there: actor shards, vLLM weights and KV cache.
+        for component in ("runtime", "actor_params", "rollout_weights", "kv_cache"):
+            assert ready.components_gib[component] > 0, component
+        assert ready.peak_gib >= ready.current_gib > 0
+    assert actor.pop_memory_records(8) == [[], []]

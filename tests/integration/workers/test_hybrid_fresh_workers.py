@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybrid.data import Batch
-from hybrid.workers import HybridWorkerConfig
+from hybrid.workers.config import HybridWorkerConfig
 from tests.integration.workers.helpers import (
     PROMPTS,
     build_model,

@@ -25,7 +25,7 @@ def test_every_allowed_choice_is_accepted(gather: str, strategy: str) -> None:
     [
         (
             {"gather": "row"},
-            r"sync\.gather must be one of \['tensor', 'layer', 'bucket'\], got 'row'",
+            r"sync\.gather must be one of \['full', 'tensor', 'layer', 'bucket'\], got 'row'",
         ),
         (
             {"strategy": "copy"},

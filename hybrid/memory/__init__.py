@@ -1,0 +1,3 @@
+"""Where the bytes go: the per-phase memory ledger (ledger.py), the byte accounting of the
+objects that hold them (components.py), the record format both write (records.py) and the
+planner that predicts them from a config (planner.py)."""

@@ -1,0 +1,270 @@
+"""`ModelShape`: the sizes of a causal LM that the memory planner needs, without its weights.
+
+A shape comes from a Hugging Face config, either read from a model directory or written
+here for a named preset (the Qwen2.5 family, and the locally built `tiny` / `bench-100m`
+models of hybrid.models). The model is constructed on the meta device (no memory, well under
+a second even for 32B) and its `named_parameters()` give the exact parameter shapes, in the
+order FSDP2, the weight sync and vLLM see them, with a tied LM head listed once.
+
+From the shapes follow everything the planner sizes: the FSDP2 shard of a rank (FSDP2 shards
+dim 0 with `torch.chunk` semantics, so rank 0 holds ceil(rows / world) rows of every
+parameter: the largest shard), the decoder layers (names `...layers.N...`), the root module's
+parameters (embedding, final norm, LM head: gathered by FSDP2 for the whole forward), the
+largest tensor, the groups the weight sync gathers, and the LoRA adapters. The per-token
+sizes (KV cache, saved activations, working sets) are methods too; their derivation is in
+hybrid.memory.planner's docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ParamShape = tuple[str, tuple[int, ...]]
+
+# Qwen2Config kwargs of the released Qwen2.5 models (their config.json files).
+QWEN25_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen2.5-0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True),
+    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True),
+    "Qwen2.5-3B": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                       tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       tie_word_embeddings=False),
+    "Qwen2.5-14B": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                        tie_word_embeddings=False),
+    "Qwen2.5-32B": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                        tie_word_embeddings=False),
+}  # fmt: skip
+QWEN25_MAX_POSITIONS = 32768
+TINY_PRESETS = ("tiny", "bench-100m")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def known_presets() -> tuple[str, ...]:
+    return (*QWEN25_PRESETS, *TINY_PRESETS)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    """The preset name or model directory it came from."""
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+    params: tuple[ParamShape, ...]
+    """(name, shape) of every distinct parameter, in `named_parameters()` order."""
+
+    # The planner asks for the same sizes thousands of times (suggest); the caches below are
+    # keyed on the shape, whose hash is computed once instead of over every parameter.
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.name, self.params))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def num_params(self) -> int:
+        return count(self.params)
+
+    @functools.cached_property
+    def layer_params(self) -> dict[str, int]:
+        """Elements per decoder layer (`model.layers.3`) and per root parameter (alone)."""
+        groups: dict[str, int] = {}
+        for name, shape in self.params:
+            key = layer_key(name)
+            groups[key] = groups.get(key, 0) + _numel(shape)
+        return groups
+
+    @functools.cached_property
+    def largest_layer(self) -> int:
+        """Elements of the largest decoder layer (what FSDP2 unshards at once)."""
+        return max(n for key, n in self.layer_params.items() if is_layer(key))
+
+    @functools.cached_property
+    def root_params(self) -> int:
+        """Elements outside the decoder layers: embedding, final norm, untied LM head."""
+        return sum(n for key, n in self.layer_params.items() if not is_layer(key))
+
+    @functools.cached_property
+    def largest_tensor(self) -> tuple[str, int]:
+        return max(((name, _numel(shape)) for name, shape in self.params), key=lambda t: t[1])
+
+    @functools.cached_property
+    def norm_params(self) -> int:
+        """Normalisation weights: replicated, not split, by vLLM's tensor parallelism."""
+        return sum(_numel(shape) for name, shape in self.params if "norm" in name)
+
+    def lora_params(self, rank: int) -> tuple[ParamShape, ...]:
+        """Adapters A (rank, in) and B (out, rank) on every q,k,v,o,gate,up,down weight."""
+        return _lora_params(self, rank)
+
+    def adapters(self, rank: int) -> int:
+        """Elements of the rank-`rank` adapters (0 for rank 0)."""
+        return count(self.lora_params(rank)) if rank else 0
+
+    def shard(self, world: int, lora_rank: int = 0) -> int:
+        """Elements of rank 0's FSDP2 shard of the parameters (of the adapters with LoRA)."""
+        return _shard(self, world, lora_rank, largest=False)
+
+    def largest_shard(self, world: int, lora_rank: int = 0) -> int:
+        """The largest single parameter's shard (what a for-loop optimizer's temporary is)."""
+        return _shard(self, world, lora_rank, largest=True)
+
+    def gather_peak(self, mode: str, bucket_bytes: int) -> int:
+        """Elements of the largest group the weight sync gathers at once."""
+        return _gather_peak(self, mode, bucket_bytes)
+
+    # Per-token sizes (bytes); `cb` is the compute dtype's size. The derivation is in
+    # hybrid.memory.planner's docstring.
+
+    def kv_bytes_per_token(self, tp: int) -> int:
+        """K and V of every layer in bf16, KV heads split by tensor parallelism."""
+        return 2 * self.num_layers * max(1, self.num_kv_heads // tp) * self.head_dim * 2
+
+    def layer_activations(self, cb: int) -> int:
+        """What one decoder layer saves for backward, per token (A)."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        return 8 * h + cb * (5 * h + 2 * kv + 4 * self.intermediate_size)
+
+    def saved_activations(self, cb: int, checkpointed: bool) -> int:
+        """What a forward with grad saves per token: every layer (or, checkpointed, every
+        layer's input) and the final norm."""
+        h = self.hidden_size
+        per_layer = h * cb if checkpointed else self.layer_activations(cb)
+        return self.num_layers * per_layer + 4 * h + h * cb
+
+    def nograd_layer(self, cb: int) -> int:
+        """A decoder layer's working set per token in a no-grad forward."""
+        return 4 * self.hidden_size + cb * (3 * self.hidden_size + 3 * self.intermediate_size)
+
+    def engine_forward(self, tp: int) -> int:
+        """vLLM's forward working set per token (bf16, MLP split by tensor parallelism)."""
+        return (6 * self.hidden_size + 6 * self.intermediate_size // tp) * 2
+
+
+def layer_key(name: str) -> str:
+    """`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`; other names stand alone
+    (the grouping of hybrid.sharding.gather's `layer` mode)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2])
+    return name
+
+
+def is_layer(key: str) -> bool:
+    return key.rsplit(".", 1)[-1].isdigit()
+
+
+def count(params: tuple[ParamShape, ...]) -> int:
+    return sum(_numel(shape) for _, shape in params)
+
+
+@functools.cache
+def _lora_params(shape: ModelShape, rank: int) -> tuple[ParamShape, ...]:
+    adapters: list[ParamShape] = []
+    for name, dims in shape.params:
+        module = name.removesuffix(".weight")
+        if len(dims) == 2 and module.rsplit(".", 1)[-1] in LORA_TARGETS:
+            out_features, in_features = dims
+            adapters.append((f"{module}.lora_A.weight", (rank, in_features)))
+            adapters.append((f"{module}.lora_B.weight", (out_features, rank)))
+    return tuple(adapters)
+
+
+@functools.cache
+def _shard(shape: ModelShape, world: int, lora_rank: int, largest: bool) -> int:
+    """FSDP2 shards dim 0 like torch.chunk: rank 0 holds ceil(rows / world) rows (the most)."""
+    params = shape.lora_params(lora_rank) if lora_rank else shape.params
+    sizes = [-(-dims[0] // world) * (_numel(dims) // dims[0]) if dims else 1 for _, dims in params]
+    return max(sizes, default=0) if largest else sum(sizes)
+
+
+@functools.cache
+def _gather_peak(shape: ModelShape, mode: str, bucket_bytes: int) -> int:
+    """The sync's own `group_parameters` on meta tensors (bf16, like the sync)."""
+    import torch
+
+    from hybrid.sharding.gather import group_parameters
+
+    named = [(name, torch.empty(dims, device="meta")) for name, dims in shape.params]
+    groups = group_parameters(named, mode, bucket_bytes, torch.bfloat16)  # type: ignore[arg-type]
+    return max(sum(t.numel() for _, t in group) for group in groups)
+
+
+def model_shape(path_or_preset: str) -> ModelShape:
+    """The shape of a named preset (see `known_presets()`) or of a HF model directory."""
+    return _cached_shape(path_or_preset)
+
+
+@functools.cache
+def _cached_shape(path_or_preset: str) -> ModelShape:
+    return shape_from_config(path_or_preset, _hf_config(path_or_preset))
+
+
+def _hf_config(path_or_preset: str) -> Any:
+    from transformers import AutoConfig, Qwen2Config
+
+    if path_or_preset in QWEN25_PRESETS:
+        return Qwen2Config(
+            **QWEN25_PRESETS[path_or_preset], max_position_embeddings=QWEN25_MAX_POSITIONS
+        )
+    if path_or_preset in TINY_PRESETS:
+        from hybrid.models import TinyModelConfig, qwen2_config
+
+        return qwen2_config(TinyModelConfig.preset(path_or_preset))  # type: ignore[arg-type]
+    path = Path(path_or_preset)
+    if not path.is_dir():
+        raise ValueError(
+            f"{path_or_preset!r} is neither a known preset ({', '.join(known_presets())}) "
+            "nor a model directory"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {path} has no config.json")
+    return AutoConfig.from_pretrained(path)
+
+
+def shape_from_config(name: str, config: Any) -> ModelShape:
+    """Build the model on the meta device (no memory) and read its parameter shapes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return ModelShape(
+        name=name,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_layers=config.num_hidden_layers,
+        num_attention_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        vocab_size=config.vocab_size,
+        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        params=tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count

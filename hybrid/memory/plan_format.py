@@ -1,0 +1,95 @@
+"""A memory plan for people and for scripts: the phase table, the steady states, the KV
+cache and the verdict as text (`format_plan`, `format_suggestions`), or all of it as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from hybrid.memory.planner import PhasePrediction, Plan
+from hybrid.memory.records import COMPONENTS, STEADY_PHASES
+from hybrid.memory.suggest import CHANGE_ORDER, Suggestion
+
+
+def _unit(plan: Plan) -> tuple[str, float]:
+    """GiB, or MiB for a plan whose peak is below 1 GiB (the tiny CPU models)."""
+    return ("GiB", 1.0) if plan.peak_gib >= 1 else ("MiB", 1024.0)
+
+
+def _top(phase: PhasePrediction, scale: float, count: int = 3) -> str:
+    parts = {**phase.components_gib, **{f"{k}*": v for k, v in phase.transient_gib.items()}}
+    biggest = sorted(parts.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(f"{name} {gib * scale:.2f}" for name, gib in biggest)
+
+
+def format_plan(plan: Plan) -> str:
+    """A readable report: the per-phase table, both steady states, the KV cache, the verdict."""
+    unit, scale = _unit(plan)
+    reserve = f"a {plan.reserve_gib:g} GiB reserve" if plan.reserve_gib else "no reserve on CPU"
+    lora = f", LoRA rank {plan.lora_rank}" if plan.lora_rank else ""
+    lines = [
+        f"Memory plan: {plan.model} on {plan.device}{lora}, {plan.gpu_memory_gib:g} GiB per "
+        f"worker (budget {plan.budget_gib:g} GiB after {reserve})",
+        "",
+        f"{'phase':<24}{'peak ' + unit:>9}  biggest contributors ({unit}; * = transient)",
+    ]
+    for name, phase in plan.phases.items():
+        flag = "  <-- peak" if name == plan.peak_phase else ""
+        lines.append(f"{name:<24}{phase.peak_gib * scale:>9.2f}  {_top(phase, scale)}{flag}")
+    modes = {mode: plan.phases[STEADY_PHASES[mode]].components_gib for mode in plan.steady_gib}
+    lines += ["", f"{'component (' + unit + ')':<24}{'trainer':>9}{'rollout':>9}"]
+    for name in COMPONENTS:
+        if any(name in held for held in modes.values()):
+            row = "".join(f"{held.get(name, 0.0) * scale:>9.2f}" for held in modes.values())
+            lines.append(f"{name:<24}{row}")
+    total = "".join(f"{gib * scale:>9.2f}" for gib in plan.steady_gib.values())
+    lines += [
+        f"{'total (steady state)':<24}{total}",
+        "",
+        f"KV cache: {plan.kv_cache_gib:.2f} GiB = {plan.kv_tokens:,} tokens "
+        f"({plan.kv_bytes_per_token:,} bytes per token); one rollout needs "
+        f"{plan.kv_tokens_needed:,} tokens per engine",
+        *(f"note: {note}" for note in plan.notes),
+        "",
+        f"{'FITS' if plan.fits else 'DOES NOT FIT'}: peak {plan.peak_gib:.2f} GiB at "
+        f"{plan.peak_phase}, budget {plan.budget_gib:.2f} GiB, margin {plan.margin_gib:+.2f} GiB",
+        *(f"  - {problem}" for problem in plan.problems),
+    ]
+    return "\n".join(lines)
+
+
+def format_suggestions(plan: Plan, suggestions: list[Suggestion]) -> str:
+    """The proposals for `plan`'s config, as Hydra overrides with their predicted peak."""
+    if plan.fits:
+        return "Suggestions: none needed, the config fits."
+    if not suggestions:
+        return (
+            f"Suggestions: nothing fits. No combination of {', '.join(CHANGE_ORDER)} brings "
+            f"every phase under {plan.budget_gib:.2f} GiB: use more or larger GPUs, a smaller "
+            "model, or LoRA."
+        )
+    lines = ["Suggestions (fewest changes first, then cheapest):"]
+    for i, s in enumerate(suggestions, 1):
+        lines.append(f"  {i}. {' '.join(s.overrides)}")
+        lines.append(
+            f"     -> peak {s.plan.peak_gib:.2f} GiB at {s.plan.peak_phase} "
+            f"(margin {s.plan.margin_gib:+.2f} GiB)"
+        )
+    return "\n".join(lines)
+
+
+def to_json(plan: Plan, suggestions: list[Suggestion] | None = None) -> str:
+    """The plan (and suggestions) as JSON: every Plan field plus margin_gib."""
+    data: dict[str, Any] = {"plan": {**dataclasses.asdict(plan), "margin_gib": plan.margin_gib}}
+    if suggestions is not None:
+        data["suggestions"] = [
+            {
+                "overrides": list(s.overrides),
+                "peak_gib": s.plan.peak_gib,
+                "peak_phase": s.plan.peak_phase,
+                "margin_gib": s.plan.margin_gib,
+            }
+            for s in suggestions
+        ]
+    return json.dumps(data, indent=2)

@@ -1,0 +1,141 @@
+"""The smallest config changes that make an over-budget run fit, by the planner's numbers.
+
+`suggest(config, shape, gpu_memory_gib)` tries the changes of CHANGE_ORDER alone, then in
+pairs, triples ...: each valued change at its least drastic value that fits. A change set is
+kept only if no subset of it already fits, and sets are ranked by size, then by the cost of
+their costliest change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hybrid.memory.model_shape import ModelShape
+from hybrid.memory.planner import Plan, plan_memory
+
+if TYPE_CHECKING:
+    from hybrid.trainer.config import TrainerRunConfig
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    overrides: tuple[str, ...]
+    """Hydra overrides, e.g. `actor.optimizer_offload=true`."""
+    plan: Plan
+    """The plan of the changed config."""
+    config: TrainerRunConfig = field(repr=False)
+
+
+# The changes `suggest` tries, cheapest first (its cost order): a finer sync gather costs
+# nothing but a few more collectives; the reference's offload moves bf16 weights twice a
+# step; the optimizer's offload moves 2 x fp32 state twice a step; a smaller vLLM share only
+# lowers the KV cache (less concurrency when it was the limit); gradient checkpointing adds
+# ~1/3 to the update's compute; a smaller micro-batch runs smaller, slower kernels (the
+# reference's forward is a smaller share of a step than the update's); the actor's offload
+# moves its shards at every phase boundary.
+CHANGE_ORDER: tuple[str, ...] = (
+    "sync.gather",
+    "ref.param_offload",
+    "actor.optimizer_offload",
+    "rollout.gpu_memory_utilization",
+    "model.gradient_checkpointing",
+    "ref.micro_batch_size",
+    "actor.micro_batch_size",
+    "actor.param_offload",
+)
+
+
+def _get(config: TrainerRunConfig, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _replace(config: TrainerRunConfig, key: str, value: Any) -> TrainerRunConfig:
+    """`config` with the dotted field `key` set (validated again, like any config)."""
+    section, name = key.split(".")
+    part = dataclasses.replace(getattr(config, section), **{name: value})
+    return dataclasses.replace(config, **{section: part})
+
+
+def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: int) -> list[Any]:
+    """The values to try for one change, least drastic first; [] where it cannot help."""
+    c, gpu, current = config, config.trainer.use_gpu, _get(config, key)
+    uses_ref = c.actor.use_kl_loss and not lora_rank
+    if key == "sync.gather":
+        bucket = c.sync.bucket_mb << 20
+        layer = shape.gather_peak("layer", bucket)
+        return ["layer"] if shape.gather_peak(current, bucket) > layer else []
+    if key.endswith("_offload"):  # no-ops on CPU; the reference may not exist
+        return [True] if gpu and not current and (uses_ref or key != "ref.param_offload") else []
+    if key == "model.gradient_checkpointing":
+        return [] if current else [True]
+    if key.endswith("micro_batch_size"):
+        halvings = [current >> k for k in range(1, current.bit_length())]
+        return halvings if c.actor.use_kl_loss or key.startswith("actor") else []
+    if key == "rollout.gpu_memory_utilization":  # the 0.05 grid, largest first
+        usable = gpu and c.rollout.kv_cache_memory_bytes is None
+        grid = [round(k * 0.05, 2) for k in range(19, 0, -1)]
+        return [u for u in grid if abs(u - current) > 1e-9] if usable else []
+    raise AssertionError(f"unknown change {key}")
+
+
+def _override(key: str, value: Any) -> str:
+    """A Hydra override: booleans as true / false."""
+    return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def suggest(
+    config: TrainerRunConfig,
+    shape: ModelShape,
+    gpu_memory_gib: float,
+    lora_rank: int = 0,
+    limit: int = 5,
+) -> list[Suggestion]:
+    """The smallest sets of changes (CHANGE_ORDER) that make `config` fit, ranked by the
+    number of changes, then by cost (the costliest change of each set compared first).
+
+    A valued change takes its least drastic value that fits: the largest smaller micro-batch
+    (halving), the largest gpu_memory_utilization on a 0.05 grid (usually below the current
+    one; above it when vLLM's share cannot hold its weights and a KV cache). A set containing
+    a fitting set is left out. Empty when the config already fits, or nothing here does.
+    """
+    if plan_memory(config, shape, gpu_memory_gib, lora_rank).fits:
+        return []
+    options = {k: v for k in CHANGE_ORDER if (v := _values(config, shape, k, lora_rank))}
+    found: list[tuple[tuple[str, ...], Suggestion]] = []
+    for size in range(1, len(options) + 1):
+        for keys in itertools.combinations(options, size):
+            if any(set(done) <= set(keys) for done, _ in found):
+                continue  # a subset already fits: this set is not minimal
+            hit = _first_fit(config, shape, gpu_memory_gib, lora_rank, keys, options)
+            if hit is not None:
+                found.append((keys, hit))
+    found.sort(key=lambda item: (len(item[0]), sorted(map(CHANGE_ORDER.index, item[0]))[::-1]))
+    return [suggestion for _, suggestion in found[:limit]]
+
+
+def _first_fit(
+    config: TrainerRunConfig,
+    shape: ModelShape,
+    gpu_memory_gib: float,
+    lora_rank: int,
+    keys: tuple[str, ...],
+    options: dict[str, list[Any]],
+) -> Suggestion | None:
+    """The first fitting assignment of values to `keys`, the costliest varied slowest."""
+    for values in itertools.product(*(options[k] for k in reversed(keys))):
+        chosen = dict(zip(reversed(keys), values, strict=True))
+        try:
+            changed = config
+            for key in keys:
+                changed = _replace(changed, key, chosen[key])
+        except ValueError:  # e.g. a micro-batch that does not divide the mini-batch
+            continue
+        plan = plan_memory(changed, shape, gpu_memory_gib, lora_rank)
+        if plan.fits:
+            overrides = tuple(_override(k, chosen[k]) for k in keys)
+            return Suggestion(overrides, plan, changed)
+    return None

@@ -1,0 +1,146 @@
+"""Will it fit? The memory planner on a trainer config, before any GPU is involved.
+
+    python -m profiling.plan [--config-name NAME] [--model PRESET_OR_DIR] [--gpu-memory-gib F]
+        [--lora-rank R] [--suggest] [--json] [OVERRIDE ...]
+
+Composes configs/NAME.yaml with the Hydra overrides exactly like `python -m hybrid.main`
+(same typed config, same validation) but does not check that the data files exist, and
+prints hybrid.memory.planner's per-phase prediction for one worker: the phase table, the
+trainer-mode and rollout-mode components, the KV cache in tokens and FITS / DOES NOT FIT
+with the margin. `--suggest` adds the cheapest Hydra overrides that make it fit. Exit code 0
+whether it fits or not; 1 for bad input (unknown preset, missing model directory, invalid
+config).
+
+Example: python -m profiling.plan --config-name qwen2_5_7b_gsm8k_8gpu --model Qwen2.5-7B
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybrid.memory.model_shape import known_presets
+from hybrid.memory.plan_format import format_plan, format_suggestions, to_json
+from hybrid.memory.planner import model_shape, plan_memory
+from hybrid.memory.suggest import suggest
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.schema import from_dict
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+UNSET = "???"
+_ABSENT = object()
+
+
+class InputError(ValueError):
+    """Bad command-line input; the message names the option."""
+
+
+def compose(config_name: str, overrides: list[str]) -> DictConfig:
+    """configs/NAME.yaml with Hydra overrides, composed as `python -m hybrid.main` does."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def to_run_config(cfg: DictConfig) -> TrainerRunConfig:
+    """The typed config, like hybrid.main.build_config but without checking that the data
+    files exist; an unset `model.path: ???` stays the string "???"."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    return from_dict(TrainerRunConfig, data)
+
+
+def compose_config(config_name: str, overrides: list[str]) -> TrainerRunConfig:
+    return to_run_config(compose(config_name, overrides))
+
+
+def as_hydra_override(cfg: DictConfig, override: str) -> str:
+    """`key=value` for a key the YAML sets, `+key=value` for one only the schema has (Hydra
+    cannot override a key the composed YAML lacks without the `+`)."""
+    key = override.split("=", 1)[0]
+    present = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
+    return override if present else f"+{override}"
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m profiling.plan",
+        description="Predict per-GPU memory at every phase of a GRPO step from a trainer config.",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. actor.micro_batch_size=2"
+    )
+    parser.add_argument(
+        "--config-name", default="config", help="a config in configs/ (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--model",
+        help=f"a preset ({', '.join(known_presets())}) or a HF model directory "
+        "(default: the config's model.path)",
+    )
+    parser.add_argument(
+        "--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (default: %(default)g)"
+    )
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--suggest", action="store_true", help="propose changes that make it fit")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> str:
+    if args.gpu_memory_gib <= 0:
+        raise InputError(f"--gpu-memory-gib must be > 0, got {args.gpu_memory_gib}")
+    if args.lora_rank < 0:
+        raise InputError(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    if not (CONFIG_DIR / f"{args.config_name}.yaml").is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise InputError(f"--config-name: no {args.config_name}.yaml in {CONFIG_DIR} ({known})")
+    try:
+        cfg = compose(args.config_name, list(args.overrides))
+        config = to_run_config(cfg)
+    except Exception as error:  # Hydra's composition errors and our ValueErrors alike
+        raise InputError(f"config {args.config_name} {args.overrides}: {error}") from error
+    model = args.model or config.model.path
+    if model == UNSET:
+        raise InputError(
+            f"--model: config {args.config_name} leaves model.path unset (???); "
+            f"pass --model with a preset ({', '.join(known_presets())}) or a model directory"
+        )
+    try:
+        shape = model_shape(model)
+    except ValueError as error:
+        raise InputError(f"--model: {error}") from error
+    plan = plan_memory(config, shape, args.gpu_memory_gib, args.lora_rank)
+    suggestions = None
+    if args.suggest:
+        suggestions = [
+            dataclasses.replace(s, overrides=tuple(as_hydra_override(cfg, o) for o in s.overrides))
+            for s in suggest(config, shape, args.gpu_memory_gib, args.lora_rank)
+        ]
+    if args.json:
+        return to_json(plan, suggestions)
+    text = format_plan(plan)
+    if suggestions is not None:
+        text += "\n\n" + format_suggestions(plan, suggestions)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        print(run(args))
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

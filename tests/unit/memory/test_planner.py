@@ -1,0 +1,242 @@
+"""Unit tests for `hybrid.memory.planner` and its CLI `profiling.plan`: configs are composed
+from configs/ with Hydra overrides (like the CLI and the trainer), expectations are computed
+by hand from the Qwen2.5 sizes where they can be (parameter count, shard and optimizer bytes,
+gather sizes, KV tokens), and the trends that matter are checked: peaks grow with the
+micro-batch and the response length, offload and a finer gather lower what they should and
+nothing else, LoRA lowers the trainer side, the 8-GPU launcher config fits at 80 GiB and not
+at 24 GiB, and every suggestion, applied as Hydra overrides, fits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid.memory.planner import Plan, model_shape, plan_memory
+from hybrid.memory.records import COMPONENTS, GIB, STEP_PHASES
+from hybrid.memory.suggest import suggest
+from hybrid.trainer.config import TrainerRunConfig
+from profiling.plan import as_hydra_override, compose, compose_config, main
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+LAUNCHER = "qwen2_5_7b_gsm8k_8gpu"
+# Qwen2.5-7B: hidden, MLP width, layers, KV width (4 heads x 128), vocabulary.
+H, MLP, L, KV, V = 3584, 18944, 28, 4 * 128, 152064
+QWEN_7B_PARAMS = 7_615_616_512
+TRAINER_PHASES = [p for p in STEP_PHASES if p.split("/")[0] in ("ref", "old_log_prob", "update")]
+
+
+def launcher(*overrides: str) -> TrainerRunConfig:
+    return compose_config(LAUNCHER, list(overrides))
+
+
+def plan(*overrides: str, gib: float = 80.0, lora_rank: int = 0) -> Plan:
+    return plan_memory(launcher(*overrides), model_shape("Qwen2.5-7B"), gib, lora_rank)
+
+
+def peak(p: Plan, phase: str) -> float:
+    return p.phases[phase].peak_gib
+
+
+def trainer_peak(p: Plan) -> float:
+    return max(peak(p, phase) for phase in TRAINER_PHASES)
+
+
+def test_qwen25_7b_preset_has_the_published_parameter_count() -> None:
+    layer = 2 * H * H + 2 * H * KV + H + 2 * KV + 3 * H * MLP + 2 * H  # attn (+bias), MLP, norms
+    assert 2 * V * H + L * layer + H == QWEN_7B_PARAMS  # untied embedding and LM head
+    shape = model_shape("Qwen2.5-7B")
+    assert shape.num_params == QWEN_7B_PARAMS
+    assert shape.largest_layer == layer
+    assert shape.largest_tensor[1] == V * H
+    assert not shape.tied_embeddings
+    assert model_shape("Qwen2.5-0.5B").num_params == 494_032_768  # tied
+
+
+def test_a_model_directory_gives_the_same_shape_as_its_preset(tmp_path: Path) -> None:
+    from hybrid.models import TinyModelConfig, build_tiny_model
+
+    directory = build_tiny_model(tmp_path / "tiny", TinyModelConfig.preset("tiny"))
+    from_dir, preset = model_shape(str(directory)), model_shape("tiny")
+    assert from_dir.params == preset.params and from_dir.tied_embeddings
+    assert from_dir.kv_bytes_per_token(1) == 2 * 2 * 1 * 64 * 2  # K+V, 2 layers, 1 head of 64
+
+
+def test_unknown_preset_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"Qwen2\.5-7B.*Qwen2\.5-32B"):
+        model_shape("Qwen2.5-8B")
+
+
+def test_every_phase_is_predicted_with_known_components() -> None:
+    p = plan()
+    assert tuple(p.phases) == STEP_PHASES
+    for name, phase in p.phases.items():
+        assert set(phase.components_gib) <= set(COMPONENTS), name
+        total = sum(phase.components_gib.values()) + sum(phase.transient_gib.values())
+        assert phase.peak_gib == pytest.approx(total), name
+    assert p.peak_gib == max(phase.peak_gib for phase in p.phases.values())
+    assert "runtime" not in p.phases["trainer/ready"].components_gib  # predicted as 0
+
+
+def test_peaks_grow_with_the_micro_batch_and_the_response_length() -> None:
+    by_micro = [plan(f"actor.micro_batch_size={m}") for m in (1, 2, 4, 8)]
+    for phase in ("update/forward", "update/backward", "old_log_prob/forward"):
+        peaks = [peak(p, phase) for p in by_micro]
+        assert peaks == sorted(peaks) and len(set(peaks)) == len(peaks), phase
+    by_ref_micro = [peak(plan(f"ref.micro_batch_size={m}"), "ref/forward") for m in (1, 4, 16)]
+    assert by_ref_micro[0] < by_ref_micro[1] < by_ref_micro[2]
+    by_length = [plan(f"rollout.response_length={r}") for r in (256, 512, 1024)]
+    for phase in ("update/forward", "update/backward", "ref/forward", "old_log_prob/forward"):
+        peaks = [peak(p, phase) for p in by_length]
+        assert peaks[0] < peaks[1] < peaks[2], phase
+    small, large = plan("data.train_batch_size=256"), plan("data.train_batch_size=512")
+    assert large.kv_tokens_needed == 2 * small.kv_tokens_needed
+
+
+def test_optimizer_offload_frees_exactly_the_adam_state_outside_the_update() -> None:
+    kept, offloaded = plan("actor.optimizer_offload=false"), plan("actor.optimizer_offload=true")
+    adam_gib = 2 * (QWEN_7B_PARAMS // 8) * 4 / GIB  # exp_avg + exp_avg_sq, fp32, 1/8 shard
+    for phase in ("trainer/ready", "rollout/generate", "old_log_prob/forward", "ref/forward"):
+        assert peak(kept, phase) - peak(offloaded, phase) == pytest.approx(adam_gib), phase
+    # The update onloads the state for its whole duration (trainer_phase(with_optimizer=True)).
+    for phase in ("update/forward", "update/backward", "update/optimizer_step"):
+        assert peak(kept, phase) == pytest.approx(peak(offloaded, phase)), phase
+
+
+def test_param_offload_only_acts_on_gpu() -> None:
+    tiny = model_shape("tiny")
+    base = plan_memory(compose_config("config", []), tiny, 8.0)
+    offload = [
+        "+actor.param_offload=true",
+        "+actor.optimizer_offload=true",
+        "+ref.param_offload=true",
+    ]
+    moved = compose_config("config", offload)
+    assert plan_memory(moved, tiny, 8.0).phases == base.phases
+    ready = base.phases["trainer/ready"].components_gib  # the CPU engine never sleeps
+    assert {"actor_params", "optimizer_state", "rollout_weights", "kv_cache"} <= set(ready)
+    assert base.budget_gib == 8.0  # no CUDA reserve on CPU
+
+
+def test_layer_gather_lowers_the_sync_peak_by_all_but_the_largest_group() -> None:
+    full, layer = plan("sync.gather=full"), plan("sync.gather=layer")
+    saved_gib = (QWEN_7B_PARAMS - V * H) * 2 / GIB  # bf16; the embedding is the largest group
+    drop = peak(full, "sync/gather_load") - peak(layer, "sync/gather_load")
+    assert drop == pytest.approx(saved_gib)
+    tensor = plan("sync.gather=tensor")
+    assert peak(tensor, "sync/gather_load") == pytest.approx(peak(layer, "sync/gather_load"))
+    bucket = plan("sync.gather=bucket", "+sync.bucket_mb=64")
+    assert peak(bucket, "sync/gather_load") <= peak(layer, "sync/gather_load")
+
+
+def test_kv_capacity_with_explicit_bytes_matches_a_hand_computation() -> None:
+    p = plan(f"rollout.kv_cache_memory_bytes={4 << 30}")
+    per_token = 2 * L * (4 // 2) * 128 * 2  # K and V, 2 of 4 KV heads per TP rank, bf16
+    assert p.kv_bytes_per_token == per_token
+    assert p.kv_cache_gib == pytest.approx(4.0)
+    assert p.kv_tokens == (4 << 30) // per_token // 16 * 16
+    assert p.kv_tokens_needed == (256 * 2 // 8) * 5 * (512 + 1024)  # prompts x n x S per engine
+    short = plan(f"rollout.kv_cache_memory_bytes={1 << 20}")
+    assert not short.fits
+    assert any("rollout.max_model_len" in problem for problem in short.problems)
+
+
+def test_launcher_config_fits_at_80_gib_but_not_at_24() -> None:
+    roomy, tight = plan(gib=80.0), plan(gib=24.0)
+    assert roomy.fits and roomy.problems == ()
+    assert roomy.kv_tokens >= roomy.kv_tokens_needed
+    assert not tight.fits and tight.margin_gib < 0
+
+
+def test_suggestions_for_an_over_budget_config_fit_when_applied_as_overrides() -> None:
+    shape = model_shape("Qwen2.5-7B")
+    suggestions = suggest(launcher(), shape, 24.0)
+    assert suggestions
+    counts = [len(s.overrides) for s in suggestions]
+    assert counts == sorted(counts)
+    for s in suggestions:
+        assert s.plan.fits
+        replanned = plan_memory(launcher(*s.overrides), shape, 24.0)  # through Hydra again
+        assert replanned.fits and replanned.peak_gib == pytest.approx(s.plan.peak_gib)
+    assert suggest(launcher(), shape, 80.0) == []  # already fits
+
+
+def test_suggest_picks_the_largest_gpu_memory_utilization_that_fits() -> None:
+    p = plan("rollout.gpu_memory_utilization=0.95")
+    assert any("vLLM needs" in problem for problem in p.problems)  # actor shards + 76 GiB
+    best = suggest(launcher("rollout.gpu_memory_utilization=0.95"), model_shape("Qwen2.5-7B"), 80)
+    assert best[0].overrides == ("rollout.gpu_memory_utilization=0.9",)
+
+
+def test_lora_lowers_the_trainer_peak_and_keeps_adam_state_for_adapters_only() -> None:
+    rank = 16
+    full, lora = plan(), plan(lora_rank=rank)
+    for phase in ("update/forward", "update/backward", "update/optimizer_step"):
+        assert peak(lora, phase) < peak(full, phase), phase
+    # With a smaller reference micro-batch the update sets the trainer-side peak.
+    small_ref = ("ref.micro_batch_size=4",)
+    assert trainer_peak(plan(*small_ref, lora_rank=rank)) < trainer_peak(plan(*small_ref))
+    # r x (in + out) on q, k, v, o, gate, up, down of every layer; fp32 state, 1/8 shard
+    adapters = L * rank * ((H + H) + 2 * (H + KV) + (H + H) + 3 * (H + MLP))
+    state = lora.phases["update/onload"].components_gib["optimizer_state"]
+    assert state == pytest.approx(2 * adapters / 8 * 4 / GIB)
+    assert "ref_params" not in lora.phases["ref/forward"].components_gib
+    assert lora.phases["sync/gather_load"].transient_gib["gather_buffers"] == pytest.approx(
+        adapters * 2 / GIB
+    )
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "profiling.plan", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_prints_fits_for_the_launcher_config() -> None:
+    done = _cli("--config-name", LAUNCHER, "--model", "Qwen2.5-7B", "--gpu-memory-gib", "80")
+    assert done.returncode == 0, done.stderr
+    assert "FITS: peak" in done.stdout and "DOES NOT FIT" not in done.stdout
+    assert "rollout/generate" in done.stdout and "KV cache:" in done.stdout
+
+
+def test_cli_json_and_suggestions_over_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--config-name", LAUNCHER, "--model", "Qwen2.5-7B", "--gpu-memory-gib", "24"]
+    assert main([*argv, "--suggest", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plan"]["fits"] is False
+    assert list(data["plan"]["phases"]) == list(STEP_PHASES)
+    assert data["suggestions"] and all(s["margin_gib"] >= 0 for s in data["suggestions"])
+    assert main([*argv, "--suggest"]) == 0
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_overrides_of_keys_the_yaml_lacks_get_a_plus() -> None:
+    # The default config sets no offload flags: Hydra needs `+key=value` to add one.
+    cfg = compose("config", [])
+    assert as_hydra_override(cfg, "actor.optimizer_offload=true") == "+actor.optimizer_offload=true"
+    assert as_hydra_override(cfg, "actor.micro_batch_size=2") == "actor.micro_batch_size=2"
+    assert as_hydra_override(cfg, "sync.gather=layer") == "sync.gather=layer"
+    compose("config", ["+actor.optimizer_offload=true", "actor.micro_batch_size=2"])  # valid
+
+
+def test_cli_bad_input_names_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config-name", LAUNCHER, "--model", "Qwen9-1B"]) == 1
+    error = capsys.readouterr().err
+    assert "--model" in error and "Qwen2.5-7B" in error  # lists the presets
+    # (The launcher's own `model.path: ???` does not survive the merge over config.yaml's
+    # path: OmegaConf keeps a value that MISSING is merged onto; an override does unset it.)
+    assert main(["--config-name", LAUNCHER, "model.path=???"]) == 1
+    assert "--model" in capsys.readouterr().err
+    assert main(["--model", str(REPO / "no-such-model-dir")]) == 1
+    assert "--model" in capsys.readouterr().err
+    assert main(["--model", "tiny", "actor.no_such_field=1"]) == 1
+    assert "actor.no_such_field" in capsys.readouterr().err
