@@ -11,7 +11,14 @@ with the margin. `--suggest` adds the cheapest Hydra overrides that make it fit.
 whether it fits or not; 1 for bad input (unknown preset, missing model directory, invalid
 config).
 
-Example: python -m profiling.plan --config-name qwen2_5_7b_gsm8k_8gpu --model Qwen2.5-7B
+LoRA is read from the config (`model.lora`, `sync.lora_mode`, `sync.layered_summon`).
+`--lora-rank R` (R > 0) is a shortcut for the override `model.lora.rank=R`, appended after the
+others (so it wins) and validated like any override; the default 0 leaves the config's rank.
+Turning LoRA off in a LoRA config takes overrides: `model.lora.rank=0` with the other
+model.lora fields back at their defaults.
+
+Examples: python -m profiling.plan --config-name qwen2_5_7b_gsm8k_8gpu --model Qwen2.5-7B
+          python -m profiling.plan --config-name qwen2_5_7b_lora_gsm8k_8gpu --model Qwen2.5-7B
 """
 
 from __future__ import annotations
@@ -88,7 +95,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (default: %(default)g)"
     )
-    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="shortcut for the override model.lora.rank=R (default 0: the config's rank)",
+    )
     parser.add_argument("--suggest", action="store_true", help="propose changes that make it fit")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     return parser.parse_args(argv)
@@ -102,11 +114,15 @@ def run(args: argparse.Namespace) -> str:
     if not (CONFIG_DIR / f"{args.config_name}.yaml").is_file():
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
         raise InputError(f"--config-name: no {args.config_name}.yaml in {CONFIG_DIR} ({known})")
+    overrides = list(args.overrides)
     try:
-        cfg = compose(args.config_name, list(args.overrides))
+        cfg = compose(args.config_name, overrides)
+        if args.lora_rank:
+            overrides.append(as_hydra_override(cfg, f"model.lora.rank={args.lora_rank}"))
+            cfg = compose(args.config_name, overrides)
         config = to_run_config(cfg)
     except Exception as error:  # Hydra's composition errors and our ValueErrors alike
-        raise InputError(f"config {args.config_name} {args.overrides}: {error}") from error
+        raise InputError(f"config {args.config_name} {overrides}: {error}") from error
     model = args.model or config.model.path
     if model == UNSET:
         raise InputError(
@@ -117,12 +133,12 @@ def run(args: argparse.Namespace) -> str:
         shape = model_shape(model)
     except ValueError as error:
         raise InputError(f"--model: {error}") from error
-    plan = plan_memory(config, shape, args.gpu_memory_gib, args.lora_rank)
+    plan = plan_memory(config, shape, args.gpu_memory_gib)
     suggestions = None
     if args.suggest:
         suggestions = [
             dataclasses.replace(s, overrides=tuple(as_hydra_override(cfg, o) for o in s.overrides))
-            for s in suggest(config, shape, args.gpu_memory_gib, args.lora_rank)
+            for s in suggest(config, shape, args.gpu_memory_gib)
         ]
     if args.json:
         return to_json(plan, suggestions)

@@ -117,6 +117,7 @@ class MemoryLedger:
         self.rank = rank
         self.records: list[MemoryRecord] = []
         self.timings: dict[str, float] = {}
+        self.counts: dict[str, float] = {}
         self._sources: dict[str, ComponentSource] = {}
         self._metrics_from = 0  # first record not yet summarised by pop_metrics
         self._started = time.monotonic()
@@ -212,11 +213,17 @@ class MemoryLedger:
     def add_time(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
 
+    def add_count(self, name: str, amount: float) -> None:
+        """Add to the counter `name` (reported as is by pop_metrics, e.g. sync/bytes)."""
+        self.counts[name] = self.counts.get(name, 0.0) + amount
+
     # --- draining --------------------------------------------------------------------------
 
     def pop_metrics(self) -> dict[str, float]:
-        """This step's timings and memory headline as flat metrics; timings start over."""
+        """This step's timings, counters and memory headline as flat metrics; timings and
+        counters start over."""
         metrics: dict[str, float] = {f"timing_s/{k}": v for k, v in self.timings.items()}
+        metrics.update(self.counts)
         recent = self.records[self._metrics_from :]
         if recent:
             metrics["memory/peak_gib"] = max(r.peak_gib for r in recent)
@@ -226,7 +233,7 @@ class MemoryLedger:
                 if steady:
                     metrics[f"memory/{mode}_gib"] = steady[-1]
         self._metrics_from = len(self.records)
-        self.timings = {}
+        self.timings, self.counts = {}, {}
         return metrics
 
     def pop_records(self, step: int) -> list[MemoryRecord]:

@@ -12,14 +12,14 @@ R = rollout.response_length, b = the micro-batch, cb = bytes of actor.param_dtyp
 
 Resident (what the code keeps where):
   actor_params     P/W x bytes(master_dtype): the FSDP2 full shard (rank 0 holds ceil(rows/W)
-                   rows of every tensor, the largest shard). LoRA rank r: the base frozen in
-                   param_dtype plus adapters r x (in + out) on q,k,v,o,gate,up,down (master).
+                   rows of every tensor, the largest shard). LoRA: see below.
   actor_grads      the trainable shard in master dtype, from a mini-batch's first backward to
                    the optimizer step (zero_grad(set_to_none=True)).
   optimizer_state  AdamW exp_avg + exp_avg_sq: 2 x the trainable shard x bytes(master).
   ref_params       P/W x bytes(ref.param_dtype), only with actor.use_kl_loss (the reference is
-                   built for the KL loss); none with LoRA (the actor, adapters disabled).
-  rollout_weights  2 bytes x ((P - norm weights) / tp + norm weights): vLLM's bf16 weights.
+                   built for the KL loss); none with LoRA.
+  rollout_weights  2 bytes x ((P - norm weights) / tp + norm weights): vLLM's bf16 weights
+                   (+ the adapter slots of a LoRA engine).
   kv_cache         see below.
   engine_overhead  vLLM's buffers outside its sleep pools: inputs_embeds (max_num_batched_tokens
                    x h x 2) + 256 MiB of NCCL / cuBLAS workspaces (+1 GiB of CUDA graphs
@@ -58,7 +58,7 @@ Transient (the larger of a phase's moments, not their sum):
   dtype (sqrt(exp_avg_sq)); the for-loop version (CPU) the largest single shard.
   Sync (bf16): the largest group of the sync's own `group_parameters` (full = every parameter,
   tensor = the largest tensor, layer = the largest decoder layer or root tensor, bucket = up
-  to max(bucket_mb, the largest tensor)) + one cast shard; LoRA: the adapters only.
+  to max(bucket_mb, the largest tensor)) + one cast shard; LoRA: see below.
   Generation: vLLM's forward working set, tokens x (6h + 6I/tp) x 2 bytes for
   min(max_num_batched_tokens, the engine's prompt tokens) tokens, or its sampler, 20 bytes
   per logit (fp32 logits, sorted values, int64 indices, probabilities) x min(max_num_seqs,
@@ -74,6 +74,27 @@ in rollout mode comes on top of U. On CPU with the bytes null, vLLM's default ut
 applies to the given memory. A cache below rollout.max_model_len tokens does not fit (vLLM
 refuses to start). One rollout needs, per engine, (train_batch_size x tp / W) prompts x n
 sequences of S tokens, at most max_num_seqs of them at once; a smaller cache only queues.
+
+LoRA (model.lora; plan_memory's `lora_rank` > 0 overrides its rank): rank-r adapters A (r, in)
+and B (out, r) on the model.lora.target_modules among q,k,v,o,gate,up,down (all seven for
+all-linear, as hybrid.workers.lora picks for Qwen2; other names are not counted, so a model
+whose decoder linears are named otherwise, e.g. a fused qkv_proj, is under-counted). The base
+is frozen in param_dtype, the adapters are in master dtype and alone trainable:
+actor_params = P/W x cb + the adapter shard x bytes(master); actor_grads and optimizer_state
+cover the adapter shard only. No ref_params: the reference forward is the actor's with its
+adapters disabled (b = ref.micro_batch_size). FSDP2 unshards a layer's adapters with it;
+backward holds no LM-head or root gradient, and one layer's adapter gradients.
+sync.lora_mode=adapter starts vLLM with enable_lora: one slot of max_lora_rank (r rounded up to
+a size vLLM accepts) on all seven projections, whatever the targets, in bf16 in
+rollout_weights (unsplit by tp: an upper bound). Its sync (hybrid.sharding.lora_sync) gathers
+every adapter in bf16 and keeps them until the peft file is written: the gather is all the
+adapters whatever sync.layered_summon (which only bounds each collective). The first sync also
+sends the base, grouped by sync.gather and already bf16 (no cast shard); the steady phases
+leave it out, a note gives its peak and a problem is raised when it does not fit. merge gathers
+a decoder layer's (layered_summon; else the whole model's) base in bf16 and adapters in fp32,
+keeps the merged bf16 copy of every adapted weight of the group and, for the one being merged,
+merge_into_base's fp32 temporaries (W.float(), B @ A, its scaled copy: 12 bytes per element);
+a root tensor alone (the embedding) may be the larger group. vLLM then needs no adapter slots.
 
 Fits: every phase's peak <= gpu memory - 1.5 GiB (CUDA context ~0.5 GiB, NCCL buffers,
 allocator fragmentation; no reserve on CPU), the KV cache holds max_model_len tokens, and
@@ -92,20 +113,42 @@ Worked example: configs/qwen2_5_7b_gsm8k_8gpu.yaml (Qwen2.5-7B on 8 x 80 GiB, tp
   KV: U = 0.6 x 80 = 48 GiB - 7.09 weights - 0.36 overhead - 2.90 sampler reserve = 37.6 GiB
   = 1,409,856 tokens at 28 KiB per token, for 491,520 needed (320 sequences x 1,536).
   Peak: rollout/generate, 47.5 GiB; fits with a 31.0 GiB margin (budget 78.5 GiB).
+
+Worked example, LoRA: configs/qwen2_5_7b_lora_gsm8k_8gpu.yaml (the same run with rank-32
+all-linear adapters, adapter sync, layered; actor and optimizer state kept on the device):
+  Adapters 28 layers x 32 x 90,112 (in + out of the seven projections) = 80,740,352 (1.06% of
+  P): 10,092,544 per rank = 38.5 MiB fp32, as much gradient, 77 MiB AdamW state; with the
+  1.77 GiB bf16 base shard, actor_params 1.81 GiB. vLLM weights 7.09 + 0.15 GiB adapter slots.
+  Sync gather: the adapters, 0.15 GiB (the first sync: the base's embedding, 1.02 GiB; merge
+  would gather 0.45 GiB and hold 1.07 GiB of merged copies and temporaries per layer).
+  Update backward: logits 10.4 + unsharded 2.91 + activations 1.27 + 2.28 resident -> 16.9 GiB
+  (30.2 with full fine-tuning). The reference forward stays at 30.8 GiB (25.5 of logits, the
+  actor's 1.81 in place of the reference's 1.77): the trainer-side peak.
+  KV: 48 GiB - 7.24 weights - 0.36 overhead - 2.90 sampler reserve = 37.5 GiB = 1,404,224
+  tokens. Peak: rollout/generate, 49.4 GiB (1.89 above full fine-tuning's: the actor and its
+  AdamW state stay on the device); fits with a 29.1 GiB margin.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybrid.memory.model_shape import ModelShape, model_shape
+from hybrid.memory.model_shape import (
+    LORA_TARGETS,
+    ModelShape,
+    count,
+    is_layer,
+    layer_key,
+    model_shape,
+)
 from hybrid.memory.records import COMPONENTS, GIB, STEP_PHASES
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
 
-__all__ = ["ModelShape", "PhasePrediction", "Plan", "model_shape", "plan_memory"]
+__all__ = ["ModelShape", "PhasePrediction", "Plan", "lora_rank_of", "model_shape", "plan_memory"]
 
 RESERVE_GIB = 1.5
 """Kept free on CUDA: CUDA context, NCCL buffers, allocator fragmentation."""
@@ -118,6 +161,8 @@ CUDA_GRAPH_BYTES = 1 << 30
 """Rough size of vLLM's CUDA graphs when rollout.enforce_eager is false."""
 ENGINE_BYTES = 2
 """vLLM runs in bfloat16, and the sync gathers in bfloat16."""
+MERGE_BYTES_PER_ELEMENT = 12
+"""hybrid.workers.lora.merge_into_base: W.float(), B @ A and its scaled copy, fp32, at once."""
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 Bytes = dict[str, int]
@@ -165,6 +210,73 @@ class Plan:
         return self.budget_gib - self.peak_gib
 
 
+# --- LoRA adapters -------------------------------------------------------------------------
+
+
+def lora_rank_of(config: TrainerRunConfig, lora_rank: int = 0) -> int:
+    """The LoRA rank a plan uses: `lora_rank` when > 0 (an override), else model.lora.rank."""
+    if lora_rank < 0:
+        raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
+    return lora_rank or config.model.lora.rank
+
+
+def _targets(config: TrainerRunConfig) -> tuple[str, ...]:
+    """The projections with adapters: model.lora.target_modules, all of them for all-linear."""
+    targets = config.model.lora.target_modules
+    return LORA_TARGETS if isinstance(targets, str) else tuple(targets)
+
+
+@dataclass(frozen=True)
+class _Adapters:
+    """Elements of the actor's adapters and of the base weights they adapt (0 without LoRA).
+    Per-layer maxima are taken separately: exact for uniform decoder layers."""
+
+    elements: int
+    shard: int
+    """Rank 0's FSDP2 shard of the adapters (ceil(rows / world) rows of each)."""
+    largest_shard: int
+    layer: int
+    """The most adapter elements in one decoder layer."""
+    adapted: int
+    """Base weights that carry an adapter (what a merge rewrites)."""
+    adapted_layer: int
+    largest_adapted: int
+
+
+@functools.cache
+def _adapters(shape: ModelShape, rank: int, targets: tuple[str, ...], world: int) -> _Adapters:
+    # lora_params names: `model.layers.3.mlp.up_proj.lora_A.weight` (module short name at -3)
+    adapters = [(n, d) for n, d in shape.lora_params(rank) if n.split(".")[-3] in targets]
+    params = dict(shape.params)
+    modules = dict.fromkeys(name.rsplit(".lora_", 1)[0] for name, _ in adapters)
+    bases = [(f"{m}.weight", params[f"{m}.weight"]) for m in modules]
+    shards = [-(-rows // world) * cols for _, (rows, cols) in adapters]
+
+    def per_layer(items: list[tuple[str, tuple[int, ...]]]) -> int:
+        groups: dict[str, int] = {}
+        for name, dims in items:
+            groups[layer_key(name)] = groups.get(layer_key(name), 0) + count(((name, dims),))
+        return max((n for key, n in groups.items() if is_layer(key)), default=0)
+
+    return _Adapters(
+        elements=count(tuple(adapters)),
+        shard=sum(shards),
+        largest_shard=max(shards, default=0),
+        layer=per_layer(adapters),
+        adapted=count(tuple(bases)),
+        adapted_layer=per_layer(bases),
+        largest_adapted=max((count((b,)) for b in bases), default=0),
+    )
+
+
+@functools.cache
+def _engine_lora_rank(rank: int) -> int:
+    """vLLM's max_lora_rank for an adapter of `rank` (rounded up to a size vLLM accepts)."""
+    from hybrid.rollout.vllm_engine import vllm_lora_rank
+
+    return vllm_lora_rank(rank)
+
+
 # --- one worker's sizes --------------------------------------------------------------------
 
 
@@ -202,12 +314,17 @@ class _Worker:
         return self.config.trainer.num_workers
 
     @property
-    def adapters(self) -> int:
-        return self.shape.adapters(self.lora_rank)
+    def lora(self) -> _Adapters:
+        return _adapters(self.shape, self.lora_rank, _targets(self.config), self.world)
+
+    @property
+    def adapter_sync(self) -> bool:
+        """LoRA with sync.lora_mode=adapter: a LoRA-enabled engine, adapters sent each sync."""
+        return self.lora_rank > 0 and self.config.sync.lora_mode == "adapter"
 
     @property
     def trainable_shard(self) -> int:
-        return self.shape.shard(self.world, self.lora_rank)
+        return self.lora.shard if self.lora_rank else self.shape.shard(self.world)
 
     def actor_params(self) -> int:
         if self.lora_rank:  # frozen base in the compute dtype + adapters in the master dtype
@@ -220,7 +337,10 @@ class _Worker:
     def rollout_weights(self) -> int:
         s = self.shape
         split = -(-(s.num_params - s.norm_params) // self.tp)
-        return ENGINE_BYTES * (split + s.norm_params + self.adapters)
+        # enable_lora preallocates one adapter slot of max_lora_rank on every projection vLLM
+        # supports (all of q,k,v,o,gate,up,down whatever the targets; unsplit: an upper bound)
+        slots = s.adapters(_engine_lora_rank(self.lora_rank)) if self.adapter_sync else 0
+        return ENGINE_BYTES * (split + s.norm_params + slots)
 
     def vllm_limits(self) -> tuple[int, int]:
         """vLLM's offline (max_num_batched_tokens, max_num_seqs) for a device this big."""
@@ -263,17 +383,49 @@ class _Worker:
         prompt_tokens = seqs // self.config.rollout.n * self.config.rollout.prompt_length
         return self.engine_activations(min(max_tokens, prompt_tokens), min(max_seqs, seqs))
 
-    def gather_buffers(self) -> int:
-        if self.lora_rank:  # only the adapters travel
-            return self.adapters * ENGINE_BYTES
+    def cast_shard(self) -> int:
+        """The one shard cast to bf16 beside a group's full tensors (none for a bf16 LoRA base:
+        `.to(bfloat16)` returns it as is)."""
+        if self.lora_rank and self.config.actor.param_dtype == "bfloat16":
+            return 0
+        return self.shape.largest_shard(self.world) * ENGINE_BYTES
+
+    def weight_gather(self) -> int:
+        """Full bf16 weights of sync.gather's largest group: every sync of full fine-tuning,
+        the first of LoRA's adapter mode (the frozen base)."""
         group = self.shape.gather_peak(self.config.sync.gather, self.config.sync.bucket_mb << 20)
-        # + the one cast shard alive beside the group's full tensors
-        return (group + self.shape.largest_shard(self.world)) * ENGINE_BYTES
+        return group * ENGINE_BYTES + self.cast_shard()
+
+    def sync_transient(self) -> Bytes:
+        """What a steady-state sync gathers (see hybrid.sharding.lora_sync for LoRA)."""
+        a = self.lora
+        if not self.lora_rank:
+            return {"gather_buffers": self.weight_gather()}
+        if self.adapter_sync:  # gather_adapter keeps every tensor until the file is written
+            return {"gather_buffers": (a.elements + a.largest_shard) * ENGINE_BYTES}
+        # merge: a group's base (bf16) and adapters (fp32), the merged copies of its adapted
+        # weights, merge_into_base's fp32 temporaries of the largest one
+        layered = self.config.sync.layered_summon
+        base = self.shape.largest_layer if layered else self.shape.num_params
+        adapters, adapted = (a.layer, a.adapted_layer) if layered else (a.elements, a.adapted)
+        merged = (adapted - a.largest_adapted) * ENGINE_BYTES
+        merge = {
+            "gather_buffers": base * ENGINE_BYTES + adapters * 4 + self.cast_shard(),
+            "merge_temps": merged + MERGE_BYTES_PER_ELEMENT * a.largest_adapted,
+        }
+        if not layered:
+            return merge
+        # a root tensor (the embedding) is a group of its own, and may be the larger one
+        root = self.shape.gather_peak("layer", self.config.sync.bucket_mb << 20) * ENGINE_BYTES
+        return _largest(merge, {"gather_buffers": root + self.cast_shard()})
 
     def optimizer_temporaries(self) -> int:
         if self.on_gpu:  # foreach AdamW: one temporary the size of the trainable shard
             return self.trainable_shard * self.master
-        return self.shape.largest_shard(self.world, self.lora_rank) * self.master
+        largest = (
+            self.lora.largest_shard if self.lora_rank else self.shape.largest_shard(self.world)
+        )
+        return largest * self.master
 
     def logits(self, b: int, full: int, fp32_copies: int) -> int:
         """`full` (b, S, V) tensors in the compute dtype + `fp32_copies` (b, R, V) in fp32."""
@@ -283,7 +435,7 @@ class _Worker:
     def unsharded(self, dtype_bytes: int) -> int:
         """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
         s = self.shape
-        layer = s.largest_layer + self.adapters // s.num_layers
+        layer = s.largest_layer + self.lora.layer
         return (s.root_params + 2 * layer) * dtype_bytes
 
 
@@ -332,7 +484,7 @@ def _update_backward(w: _Worker) -> Bytes:
     reduce = w.cb + (_BYTES[a.reduce_dtype] if a.reduce_dtype != a.param_dtype else 0)
     # Until the embedding's gradient closes the root group, it holds the LM head's gradient.
     head_grad = 0 if w.lora_rank else s.vocab_size * s.hidden_size * w.cb
-    layer_grads = (w.adapters // s.num_layers if w.lora_rank else s.largest_layer) * reduce
+    layer_grads = (w.lora.layer if w.lora_rank else s.largest_layer) * reduce
     unsharded = w.unsharded(w.cb)
     return _largest(
         {
@@ -405,7 +557,7 @@ def _phases(w: _Worker) -> dict[str, tuple[Bytes, Bytes]]:
         "rollout/enter": (on(), {}),
         "sync/onload_actor": (on(actor=True), {}),
         "sync/wake_weights": (sync, {}),
-        "sync/gather_load": (sync, {"gather_buffers": w.gather_buffers()}),
+        "sync/gather_load": (sync, w.sync_transient()),
         "sync/offload_actor": (sync, {}),
         "rollout/wake_kv": (rollout, {}),
         "rollout/generate": (rollout, {"engine_activations": w.generate_activations()}),
@@ -434,12 +586,14 @@ def _gib(table: Bytes) -> dict[str, float]:
 def plan_memory(
     config: TrainerRunConfig, shape: ModelShape, gpu_memory_gib: float, lora_rank: int = 0
 ) -> Plan:
-    """Predicted memory of one worker at every phase of a step (see the module docstring)."""
+    """Predicted memory of one worker at every phase of a step (see the module docstring).
+
+    LoRA comes from config.model.lora; `lora_rank` > 0 overrides its rank (the same plan as
+    the override model.lora.rank=R)."""
     if gpu_memory_gib <= 0:
         raise ValueError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib}")
-    if lora_rank < 0:
-        raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
-    w = _Worker(config, shape, lora_rank, gpu_memory_gib * GIB)
+    rank = lora_rank_of(config, lora_rank)
+    w = _Worker(config, shape, rank, gpu_memory_gib * GIB)
     phases = {}
     for name, (resident, transient) in _phases(w).items():
         components, extra = _gib(resident), _gib(transient)
@@ -453,6 +607,8 @@ def plan_memory(
     seqs = min(w.sequences_per_engine(), w.vllm_limits()[1])
     problems = _problems(w, phases, budget, kv_bytes, kv_tokens)
     notes = ["runtime (interpreter, libraries) is not predicted: 0 here"]
+    if rank:
+        notes += _lora_notes(w, phases["sync/gather_load"], budget, problems)
     if 0 < kv_tokens < seqs * w.seq:
         notes.append(
             f"the KV cache holds {kv_tokens:,} of the {seqs * w.seq:,} tokens one rollout needs "
@@ -465,7 +621,7 @@ def plan_memory(
         gpu_memory_gib=gpu_memory_gib,
         reserve_gib=reserve,
         budget_gib=budget,
-        lora_rank=lora_rank,
+        lora_rank=rank,
         phases=phases,
         peak_phase=peak_phase,
         peak_gib=phases[peak_phase].peak_gib,
@@ -481,6 +637,32 @@ def plan_memory(
         problems=tuple(problems),
         notes=tuple(notes),
     )
+
+
+def _lora_notes(w: _Worker, sync: PhasePrediction, budget: float, problems: list[str]) -> list[str]:
+    """What LoRA changes, and the first sync of adapter mode (the base), which the steady-state
+    phases leave out; a problem is added to `problems` when that sync does not fit."""
+    a, targets, s = w.lora, _targets(w.config), w.shape
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    notes = [
+        f"LoRA rank {w.lora_rank} on {', '.join(t for t in targets if t in LORA_TARGETS)}: "
+        f"{a.elements:,} adapter parameters ({100 * a.elements / s.num_params:.2f}% of "
+        f"{s.num_params:,}); gradients and AdamW state for them only; no reference model"
+    ]
+    if unknown:
+        notes.append(
+            f"model.lora.target_modules {unknown} are not counted (planner: {LORA_TARGETS})"
+        )
+    if w.adapter_sync:
+        first = w.weight_gather() / GIB
+        peak = sum(sync.components_gib.values()) + first
+        notes.append(
+            f"the first sync also sends the base (sync.gather={w.config.sync.gather}: "
+            f"{first:.2f} GiB gathered, sync/gather_load {peak:.2f} GiB); later ones the adapters"
+        )
+        if peak > budget:
+            problems.append(f"first sync (the base): peak {peak:.2f} GiB > budget {budget:.2f} GiB")
+    return notes
 
 
 def _problems(

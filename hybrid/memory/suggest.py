@@ -3,7 +3,9 @@
 `suggest(config, shape, gpu_memory_gib)` tries the changes of CHANGE_ORDER alone, then in
 pairs, triples ...: each valued change at its least drastic value that fits. A change set is
 kept only if no subset of it already fits, and sets are ranked by size, then by the cost of
-their costliest change.
+their costliest change. LoRA comes from the config (or the `lora_rank` override, as in
+`plan_memory`): the reference's changes drop out (there is none), and `sync.layered_summon`
+joins for the merge mode.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybrid.memory.model_shape import ModelShape
-from hybrid.memory.planner import Plan, plan_memory
+from hybrid.memory.planner import Plan, lora_rank_of, plan_memory
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -29,8 +31,9 @@ class Suggestion:
     config: TrainerRunConfig = field(repr=False)
 
 
-# The changes `suggest` tries, cheapest first (its cost order): a finer sync gather costs
-# nothing but a few more collectives; the reference's offload moves bf16 weights twice a
+# The changes `suggest` tries, cheapest first (its cost order): a finer sync gather (or, for
+# LoRA's merge mode, a layered one) costs nothing but a few more collectives; the reference's
+# offload moves bf16 weights twice a
 # step; the optimizer's offload moves 2 x fp32 state twice a step; a smaller vLLM share only
 # lowers the KV cache (less concurrency when it was the limit); gradient checkpointing adds
 # ~1/3 to the update's compute; a smaller micro-batch runs smaller, slower kernels (the
@@ -38,6 +41,7 @@ class Suggestion:
 # moves its shards at every phase boundary.
 CHANGE_ORDER: tuple[str, ...] = (
     "sync.gather",
+    "sync.layered_summon",
     "ref.param_offload",
     "actor.optimizer_offload",
     "rollout.gpu_memory_utilization",
@@ -64,7 +68,11 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
     """The values to try for one change, least drastic first; [] where it cannot help."""
     c, gpu, current = config, config.trainer.use_gpu, _get(config, key)
     uses_ref = c.actor.use_kl_loss and not lora_rank
-    if key == "sync.gather":
+    if key == "sync.layered_summon":  # LoRA's merge mode gathers by it, not by sync.gather
+        return [True] if lora_rank and c.sync.lora_mode == "merge" and not current else []
+    if key == "sync.gather":  # LoRA: only adapter mode's first sync (the base) uses it
+        if lora_rank and c.sync.lora_mode == "merge":
+            return []
         bucket = c.sync.bucket_mb << 20
         layer = shape.gather_peak("layer", bucket)
         return ["layer"] if shape.gather_peak(current, bucket) > layer else []
@@ -104,7 +112,8 @@ def suggest(
     """
     if plan_memory(config, shape, gpu_memory_gib, lora_rank).fits:
         return []
-    options = {k: v for k in CHANGE_ORDER if (v := _values(config, shape, k, lora_rank))}
+    rank = lora_rank_of(config, lora_rank)
+    options = {k: v for k in CHANGE_ORDER if (v := _values(config, shape, k, rank))}
     found: list[tuple[tuple[str, ...], Suggestion]] = []
     for size in range(1, len(options) + 1):
         for keys in itertools.combinations(options, size):

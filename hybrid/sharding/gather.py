@@ -107,13 +107,27 @@ def iter_full_parameters(
 ) -> Iterator[NamedParam]:
     """Yield (name, full tensor) for every parameter of `model`, gathering group by group.
 
-    Only one group is materialised at a time: the consumer (the engine's loader) copies each
-    tensor before the next group is gathered. Tied parameters appear once, under their first
-    name (what vLLM expects of a tied checkpoint). `on_group_done(index, full_bytes)` runs
-    when the consumer asks for the tensor after a group's last one, i.e. once it has loaded
-    the whole group (the memory ledger's per-chunk boundary).
+    Tied parameters appear once, under their first name (what vLLM expects of a tied
+    checkpoint). See `iter_full_tensors`.
     """
     named: list[NamedParam] = list(model.named_parameters())
+    yield from iter_full_tensors(named, granularity, dtype, bucket_bytes, on_group_done)
+
+
+def iter_full_tensors(
+    named: list[NamedParam],
+    granularity: Granularity,
+    dtype: torch.dtype,
+    bucket_bytes: int = 64 << 20,
+    on_group_done: Callable[[int, int], None] | None = None,
+) -> Iterator[NamedParam]:
+    """Yield (name, full tensor) for the given (possibly sharded) parameters, in order.
+
+    Only one group is materialised at a time: the consumer (the engine's loader) copies each
+    tensor before the next group is gathered. `on_group_done(index, full_bytes)` runs when
+    the consumer asks for the tensor after a group's last one, i.e. once it has loaded the
+    whole group (the memory ledger's per-chunk boundary).
+    """
     for index, group in enumerate(group_parameters(named, granularity, bucket_bytes, dtype)):
         gathered = gather_full(group, dtype)
         full_bytes = sum(t.nbytes for _, t in gathered)

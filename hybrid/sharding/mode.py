@@ -29,6 +29,7 @@ from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import iter_full_parameters
 from hybrid.sharding.loader import WeightLoader, engine_name
+from hybrid.sharding.lora_sync import LoraSync, SyncTally, counted
 from hybrid.sharding.offload import Offloader
 
 
@@ -82,8 +83,12 @@ class ModeSwitch:
         sync: SyncConfig,
         ledger: MemoryLedger,
         rollout_seed: int,
+        lora: LoraSync | None = None,
     ) -> None:
         self.actor = actor
+        self.lora = lora
+        # With adapter syncs the base goes to the engine once; a fresh engine needs it again.
+        self.base_in_engine = False
         self.engine = engine
         self.offloader = offloader
         self.sync_config = sync
@@ -172,31 +177,56 @@ class ModeSwitch:
         self._loader = None
 
     def sync_weights(self) -> SyncTimes:
-        """Gather the actor's shards group by group and load them into the engine in place."""
+        """Gather the actor's shards group by group and load them into the engine in place
+        (with LoRA adapters: see hybrid.sharding.lora_sync for what moves)."""
         if self._loader is None:
             self._loader = WeightLoader(self.engine, self.sync_config.strategy)
         start = time.perf_counter()
-        gathered = TimedIterator(
-            iter_full_parameters(
-                self.actor,
-                self.sync_config.gather,
-                torch.bfloat16,
-                self.sync_config.bucket_mb << 20,
-                on_group_done=self._chunk_loaded,
+        tally = SyncTally()
+        gathered = TimedIterator(counted(self._full_weights(), tally))
+        sends_weights = self.lora is None or self.sync_config.lora_mode == "merge"
+        if sends_weights or not self.base_in_engine:
+            self._load(gathered)
+            self.base_in_engine = True
+        gather_s = gathered.produce_s
+        if not sends_weights:
+            assert self.lora is not None
+            gather_start = time.perf_counter()
+            adapter = self.lora.gather_adapter(self.sync_config.layered_summon, self._chunk_loaded)
+            gather_s += time.perf_counter() - gather_start
+            for tensor in adapter.values():
+                tally.count(tensor)
+            self.engine.load_adapter(self.lora.write_adapter(adapter))
+        self.num_syncs += 1
+        times = SyncTimes(total_s=time.perf_counter() - start, gather_s=gather_s)
+        self.ledger.add_time("sync_gather", times.gather_s)
+        self.ledger.add_time("sync_load", times.total_s - times.gather_s)
+        self.ledger.add_count("sync/bytes", tally.bytes)
+        self.ledger.add_count("sync/tensors", tally.tensors)
+        return times
+
+    def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors under Hugging Face names: the model, its LoRA base, or base + adapter
+        merged."""
+        c = self.sync_config
+        bucket = c.bucket_mb << 20
+        if self.lora is None:
+            return iter_full_parameters(
+                self.actor, c.gather, torch.bfloat16, bucket, on_group_done=self._chunk_loaded
             )
-        )
-        weights: Iterable[tuple[str, torch.Tensor]] = gathered
+        if c.lora_mode == "merge":
+            return self.lora.iter_merged(c.layered_summon, self._chunk_loaded)
+        return self.lora.iter_base(c.gather, bucket, self._chunk_loaded)
+
+    def _load(self, gathered: Iterable[tuple[str, torch.Tensor]]) -> None:
+        assert self._loader is not None
+        weights = gathered
         if self.sync_config.verify_checksum:
             self.last_checksums = {}
             weights = recording(gathered, self.last_checksums, lambda name: engine_name(name)[0])
         self._loader.load(weights)
         if self.sync_config.verify_checksum:
             verify(self.engine.model, self.last_checksums)
-        self.num_syncs += 1
-        times = SyncTimes(total_s=time.perf_counter() - start, gather_s=gathered.produce_s)
-        self.ledger.add_time("sync_gather", times.gather_s)
-        self.ledger.add_time("sync_load", times.total_s - times.gather_s)
-        return times
 
     def _chunk_loaded(self, index: int, full_bytes: int) -> None:
         self.ledger.record(

@@ -34,6 +34,7 @@ from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
 from hybrid.workers.actor_rollout import ActorRolloutWorker
+from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.ref import ReferenceWorker
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def check_data_sources(*datasets: PromptDataset | None) -> None:
 class GRPOTrainer:
     def __init__(self, config: TrainerRunConfig) -> None:
         config.check_paths()
+        check_lora_setup(config.model.path, config.model.lora, config.sync.lora_mode)
         self.config = config
         c = config
         tokenizer = load_tokenizer(c.model.path)
@@ -96,7 +98,9 @@ class GRPOTrainer:
         views = self.group.spawn(prefix_set={"actor_rollout", "ref"})
         self.actor, self.ref = views["actor_rollout"], views["ref"]
         self.actor.init_model()
-        if c.actor.use_kl_loss:
+        # With LoRA the reference is the actor's own base (adapters disabled): no second model.
+        self.reference = self.actor if c.model.lora.enabled else self.ref
+        if c.actor.use_kl_loss and not c.model.lora.enabled:
             self.ref.init_model()
         self.log_memory(0)
 
@@ -142,7 +146,9 @@ class GRPOTrainer:
                 if last or (c.trainer.save_freq and self.step % c.trainer.save_freq == 0):
                     self.save()
                 self.log_memory(self.step)
-            if c.trainer.export_hf:
+            if c.model.lora.enabled:
+                self.actor.export_adapter(str(Path(out) / LORA_ADAPTER_DIR))
+            if c.trainer.export_hf:  # with LoRA: the adapters merged into the base
                 self.actor.export_hf(str(Path(out) / "hf_model"))
             return metrics
         finally:
@@ -169,7 +175,7 @@ class GRPOTrainer:
         )
         t0 = time.perf_counter()
         if c.actor.use_kl_loss:
-            rollout = rollout.union(self.ref.compute_ref_log_prob(rollout))
+            rollout = rollout.union(self.reference.compute_ref_log_prob(rollout))
         ref_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         rollout = rollout.union(self.actor.compute_log_prob(rollout))
@@ -240,6 +246,8 @@ class GRPOTrainer:
         self.actor.save_checkpoint(
             str(path), extra={"step": self.step, "loader": self.loader.state_dict()}
         )
+        if self.config.model.lora.enabled:  # the adapter alone, in peft's format
+            self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
 
     def _maybe_resume(self) -> None:
         if self.config.trainer.resume != "auto":

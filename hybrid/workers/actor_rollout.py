@@ -28,13 +28,15 @@ from hybrid.memory.records import MemoryRecord
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import verify
 from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.lora_sync import LoraSync, adapter_directory
 from hybrid.sharding.mode import Mode, ModeSwitch
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig, dtype_of
-from hybrid.workers.export import export_hf_model
+from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.lora import adapted_modules, adapters_disabled, write_adapter
 from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.sequences import pack_rollout, unpad_prompts
@@ -59,12 +61,17 @@ class ActorRolloutWorker(Worker):
             master_dtype=dtype_of(c.actor.master_dtype),
             attn_implementation=c.model.attn_implementation,
             gradient_checkpointing=c.model.gradient_checkpointing,
+            lora=c.model.lora,
         )
         a = c.actor
         self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
         self.ledger.track("actor", self._actor_components)
         self.ledger.record("init/actor")
-        self.engine = VllmEngine(c.model.path, c.rollout, device)
+        lora = c.model.lora
+        adapter_sync = lora.enabled and c.sync.lora_mode == "adapter"
+        self.engine = VllmEngine(
+            c.model.path, c.rollout, device, lora_rank=lora.rank if adapter_sync else 0
+        )
         # vLLM keeps bf16 weights, split over the tensor-parallel group. On CPU it repacks the
         # linear weights into oneDNN buffers that are not tensors, so count from the shapes.
         self._rollout_weight_bytes = (
@@ -76,8 +83,25 @@ class ActorRolloutWorker(Worker):
         offloader = Offloader(
             self.model, self.optimizer, device, c.actor.param_offload, c.actor.optimizer_offload
         )
+        self.lora_sync = (
+            LoraSync(
+                self.model,
+                lora,
+                adapted_modules(self.model),
+                c.model.path,
+                adapter_directory(self.rank),
+            )
+            if lora.enabled
+            else None
+        )
         self.modes = ModeSwitch(
-            self.model, self.engine, offloader, c.sync, self.ledger, c.rollout.seed + self.rank
+            self.model,
+            self.engine,
+            offloader,
+            c.sync,
+            self.ledger,
+            c.rollout.seed + self.rank,
+            self.lora_sync,
         )
         self.trainer = PolicyTrainer(self.model, self.optimizer, c.actor, self.ledger)
         self.modes.trainer_mode()  # start with the KV cache released and the actor offloaded
@@ -213,6 +237,27 @@ class ActorRolloutWorker(Worker):
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """The reference policy's log-probs with LoRA: the actor with its adapters disabled,
+        i.e. the frozen base model (no second copy of the weights)."""
+        if self.lora_sync is None:
+            raise RuntimeError(
+                "actor_rollout.compute_ref_log_prob serves LoRA runs (the base is the "
+                "reference); without LoRA call the ref worker's compute_ref_log_prob"
+            )
+        with self.modes.trainer_phase("ref", caller="compute_ref_log_prob"):
+            self.model.eval()
+            with adapters_disabled(self.model):
+                scored = score_responses(
+                    self.model,
+                    batch.to(self.parallel.device),
+                    self.config.ref.micro_batch_size,
+                    with_entropy=False,
+                )
+            self.ledger.record("ref/forward")
+        return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         with self.modes.trainer_phase("update", with_optimizer=True, caller="update_actor"):
             return self.trainer.update(batch.to(self.parallel.device))
@@ -271,11 +316,35 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def export_hf(self, path: str) -> str:
-        """The actor as a Hugging Face model directory at `path` (written by rank 0)."""
+        """The actor as a Hugging Face model directory at `path` (written by rank 0); with
+        LoRA the adapters merged into the base."""
         with self.modes.trainer_phase("export_hf"):
+            if self.lora_sync is not None:
+                merged = dict(self.lora_sync.iter_merged(layered=True, on_group_done=None))
+                return str(write_hf_model(merged, self.config.model.path, path))
             return str(export_hf_model(self.model, self.config.model.path, path))
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def export_adapter(self, path: str) -> str:
+        """The LoRA adapter as a peft directory at `path` (PeftModel.from_pretrained and
+        vLLM's LoRARequest load it); written by rank 0."""
+        if self.lora_sync is None:
+            raise RuntimeError("export_adapter needs LoRA (model.lora.rank > 0)")
+        with self.modes.trainer_phase("export_adapter"):
+            tensors = self.lora_sync.gather_adapter(layered=True, on_group_done=None)
+            if self.rank == 0:
+                write_adapter(
+                    Path(path),
+                    tensors,
+                    self.config.model.lora,
+                    self.lora_sync.target_modules,
+                    self.config.model.path,
+                )
+        return path
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engine(self) -> None:
         """Free the engine before the process group ends (vLLM raises otherwise)."""
         self.engine.shutdown()
+        if self.lora_sync is not None:
+            self.lora_sync.remove_files()

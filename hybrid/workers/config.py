@@ -23,6 +23,60 @@ LossAggMode = Literal[
 KlKind = Literal["k1", "abs", "k2", "mse", "k3", "low_var_kl"]
 
 
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on the actor (peft). rank 0 turns LoRA off; the other fields then
+    must stay at their defaults, so a forgotten rank is an error rather than full training."""
+
+    rank: int = 0
+    """Adapter rank r (0: LoRA off, full fine-tuning)."""
+    alpha: int = 16
+    """Scaling numerator: the adapter's update is (alpha / rank) * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input during training."""
+    target_modules: str | tuple[str, ...] = ALL_LINEAR
+    """Module names (suffixes) that get adapters, or "all-linear" (every linear of the decoder
+    layers, not the LM head)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"model.lora.rank must be >= 0 (0 = LoRA off), got {self.rank}")
+        if self.rank == 0:
+            changed = [
+                f"{name}={getattr(self, name)!r}"
+                for name in ("alpha", "dropout", "target_modules")
+                if getattr(self, name) != getattr(LoraConfig, name)
+            ]
+            if changed:
+                raise ValueError(
+                    f"model.lora.rank is 0 (LoRA off) but LoRA is configured ({', '.join(changed)}):"
+                    " set model.lora.rank > 0 to train adapters, or drop these settings"
+                )
+            return
+        check_positive("model.lora", alpha=self.alpha)
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        if isinstance(self.target_modules, str):
+            if self.target_modules != ALL_LINEAR:
+                raise ValueError(
+                    f"model.lora.target_modules must be a list of module names or "
+                    f"{ALL_LINEAR!r}, got {self.target_modules!r}"
+                )
+        elif not self.target_modules:
+            raise ValueError("model.lora.target_modules is empty: name at least one module")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
@@ -31,6 +85,8 @@ class ModelConfig:
     """Attention kernel of the training and reference models."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in the backward pass."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters on the actor (off by default)."""
 
     def __post_init__(self) -> None:
         check_choice(

@@ -1,7 +1,8 @@
 """Exporting the trained actor as a Hugging Face model directory (transformers and vLLM load it).
 
 Every rank takes part in gathering the full state dict (offloaded to CPU); rank 0 writes
-bf16 safetensors next to copies of the source model's config and tokenizer files.
+bf16 safetensors next to copies of the source model's config and tokenizer files. A LoRA
+actor exports its merged weights through `write_hf_model` (the gathering is the sync's).
 """
 
 from __future__ import annotations
@@ -28,16 +29,25 @@ def export_hf_model(model: torch.nn.Module, source_dir: str | Path, target_dir: 
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    tensors = {
+        name: cast(torch.Tensor, tensor)
+        for name, tensor in state.items()
+        if not (tied and name == "lm_head.weight")  # a tied checkpoint stores it once
+    }
+    return write_hf_model(tensors, source_dir, target_dir)
+
+
+def write_hf_model(
+    tensors: dict[str, torch.Tensor], source_dir: str | Path, target_dir: str | Path
+) -> Path:
+    """Rank 0 writes `tensors` (Hugging Face names) as bf16 safetensors beside the source's
+    config and tokenizer files; every rank waits for it."""
     target = Path(target_dir)
     if not dist.is_initialized() or dist.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
-        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-        tensors = {
-            name: cast(torch.Tensor, tensor).to(torch.bfloat16).contiguous()
-            for name, tensor in state.items()
-            if not (tied and name == "lm_head.weight")  # a tied checkpoint stores it once
-        }
-        save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+        weights = {name: t.to(torch.bfloat16).contiguous().cpu() for name, t in tensors.items()}
+        save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
         for name in _COPIED:
             if (Path(source_dir) / name).exists():
                 shutil.copyfile(Path(source_dir) / name, target / name)

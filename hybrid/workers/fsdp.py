@@ -37,6 +37,9 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from hybrid.workers.config import LoraConfig
+from hybrid.workers.lora import add_adapters, hf_name, initial_adapter, is_lora_name
+
 MESH_DIM_NAME = "fsdp"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _EMBED_KEY = "model.embed_tokens.weight"
@@ -54,19 +57,23 @@ def build_fsdp_model(
     attn_implementation: str = "sdpa",
     gradient_checkpointing: bool = False,
     trainable: bool = True,
+    lora: LoraConfig | None = None,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over the 1-D `mesh`, weights loaded.
 
     `param_dtype` is the compute dtype (parameters are all-gathered in it), `reduce_dtype` the
     dtype gradients are reduce-scattered in, `master_dtype` the dtype of the sharded parameters
     the optimizer updates. `trainable=False` gives the frozen reference policy: eval mode, no
-    parameter requires grad. Every rank of `mesh` must call this collectively.
+    parameter requires grad. With `lora` enabled the result is a peft model (hybrid.workers.lora):
+    the frozen base stored in `param_dtype`, only the adapters in `master_dtype` and trainable.
+    Every rank of `mesh` must call this collectively.
     """
     _check_attn_implementation(attn_implementation)
     if mesh.ndim != 1:
         raise ValueError(f"mesh must be 1-D (dim name {MESH_DIM_NAME!r}), got {mesh.ndim} dims")
     files = _safetensors_files(Path(model_path))
     config = AutoConfig.from_pretrained(model_path)
+    with_lora = lora is not None and lora.enabled
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             config, attn_implementation=attn_implementation, dtype=master_dtype
@@ -80,9 +87,13 @@ def build_fsdp_model(
     else:
         model.requires_grad_(False)
     model.train(trainable)
+    hf_model = model
+    if with_lora:
+        assert lora is not None
+        model = add_adapters(model, lora, base_dtype=param_dtype, adapter_dtype=master_dtype)
 
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for layer in model.model.layers:
+    for layer in hf_model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
     # By default FSDP2 keeps the root's parameters (embedding, final norm, LM head) unsharded
     # after forward, expecting a backward to follow; after a no_grad forward (log-probs, the
@@ -93,12 +104,12 @@ def build_fsdp_model(
 
     model.to_empty(device=device)
     if tied:
-        model.tie_weights()
-        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        hf_model.tie_weights()
+        embed, head = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
         assert head is not None and embed.weight is head.weight, "tied embeddings came untied"
         assert isinstance(embed.weight, DTensor), "tied embedding is not sharded"
     _init_rope_buffers(model, device)
-    _load_weights(model, files, master_dtype, tied=tied)
+    _load_weights(model, files, tied=tied, lora_seed=0 if with_lora else None)
     return model
 
 
@@ -185,14 +196,21 @@ def _init_rope_buffers(model: nn.Module, device: torch.device) -> None:
 
 
 def _load_weights(
-    model: nn.Module, files: list[Path], master_dtype: torch.dtype, *, tied: bool
+    model: nn.Module, files: list[Path], *, tied: bool, lora_seed: int | None = None
 ) -> None:
-    """Rank 0 reads `files`; `set_model_state_dict` broadcasts them into every rank's shards."""
+    """Rank 0 reads `files`; `set_model_state_dict` broadcasts them into every rank's shards.
+
+    For a peft model the checkpoint's Hugging Face names are mapped to the model's, and the
+    adapters (not in the checkpoint) get their initial values from `lora_seed`."""
     checkpoint_keys: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             checkpoint_keys.update(f.keys())
-    expected = set(model.state_dict().keys())
+    state = model.state_dict()
+    adapters = {k: v for k, v in state.items() if is_lora_name(k)}
+    # Hugging Face name -> the model's name (the same without LoRA).
+    names = {hf_name(k): k for k in state if k not in adapters}
+    expected = set(names)
     alias_head = tied and _LM_HEAD_KEY not in checkpoint_keys and _LM_HEAD_KEY in expected
     missing = sorted(expected - checkpoint_keys - ({_LM_HEAD_KEY} if alias_head else set()))
     unexpected = sorted(checkpoint_keys - expected)
@@ -207,10 +225,15 @@ def _load_weights(
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                    full_sd[key] = f.get_tensor(key).to(master_dtype)
+                    full_sd[names[key]] = f.get_tensor(key).to(state[names[key]].dtype)
         if alias_head:
             # The same tensor under the tied name: the head is loaded from the embedding.
-            full_sd[_LM_HEAD_KEY] = full_sd[_EMBED_KEY]
+            full_sd[names[_LM_HEAD_KEY]] = full_sd[names[_EMBED_KEY]]
+        if adapters:
+            assert lora_seed is not None, "a peft model needs a seed for its adapters"
+            shapes = [(k, v.shape) for k, v in adapters.items()]
+            dtype = next(iter(adapters.values())).dtype
+            full_sd.update(initial_adapter(shapes, dtype, lora_seed))
     set_model_state_dict(
         model,
         full_sd,

@@ -17,7 +17,7 @@ from hybrid.data.prompts import chat_prompts
 from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
-from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig
+from hybrid.workers.config import ActorConfig, HybridWorkerConfig, LoraConfig, ModelConfig
 from hybrid.workers.ref import ReferenceWorker
 from tests.integration.workers.hybrid_workers import InspectableActorRollout
 
@@ -25,10 +25,10 @@ PROMPTS = ["1+2=", "3+4=", "12+30=", "7+7=", "9+1=", "5+6="]
 
 
 def worker_config(
-    model_dir: Path, sync: SyncConfig | None = None, lr: float = 1e-3
+    model_dir: Path, sync: SyncConfig | None = None, lr: float = 1e-3, lora_rank: int = 0
 ) -> HybridWorkerConfig:
     return HybridWorkerConfig(
-        model=ModelConfig(path=str(model_dir)),
+        model=ModelConfig(path=str(model_dir), lora=LoraConfig(rank=lora_rank)),
         actor=ActorConfig(lr=lr, micro_batch_size=2),
         rollout=RolloutConfig(prompt_length=32, response_length=8, max_model_len=128, seed=0),
         sync=sync or SyncConfig(),

@@ -38,3 +38,13 @@ class InspectableActorRollout(ActorRolloutWorker):
     def raise_inside_rollout_mode(self, batch: Batch) -> Batch:
         with self.modes.rollout_mode():
             raise RuntimeError("deliberate failure inside rollout_mode")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def engine_base_log_prob(self, batch: Batch) -> Batch:
+        """The engine's log-probs of `responses` without the LoRA adapter (its base weights)."""
+        original = self.engine.score
+        self.engine.score = lambda sequences: original(sequences, with_adapter=False)  # type: ignore[method-assign]
+        try:
+            return self.compute_engine_log_prob(batch)
+        finally:
+            del self.engine.score

@@ -4,7 +4,9 @@ by hand from the Qwen2.5 sizes where they can be (parameter count, shard and opt
 gather sizes, KV tokens), and the trends that matter are checked: peaks grow with the
 micro-batch and the response length, offload and a finer gather lower what they should and
 nothing else, LoRA lowers the trainer side, the 8-GPU launcher config fits at 80 GiB and not
-at 24 GiB, and every suggestion, applied as Hydra overrides, fits."""
+at 24 GiB, and every suggestion, applied as Hydra overrides, fits. LoRA: the rank comes from
+model.lora (or the override argument / --lora-rank, the same plan), no reference copy, AdamW
+state and gradients of the adapter shard only, a sync of adapters only in adapter mode."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[3]
 LAUNCHER = "qwen2_5_7b_gsm8k_8gpu"
+LORA_PRESET = "qwen2_5_7b_lora_gsm8k_8gpu"
+LORA_OFF = ("model.lora.rank=0", "model.lora.alpha=16")  # the preset with LoRA off
 # Qwen2.5-7B: hidden, MLP width, layers, KV width (4 heads x 128), vocabulary.
 H, MLP, L, KV, V = 3584, 18944, 28, 4 * 128, 152064
 QWEN_7B_PARAMS = 7_615_616_512
@@ -37,6 +41,23 @@ def launcher(*overrides: str) -> TrainerRunConfig:
 
 def plan(*overrides: str, gib: float = 80.0, lora_rank: int = 0) -> Plan:
     return plan_memory(launcher(*overrides), model_shape("Qwen2.5-7B"), gib, lora_rank)
+
+
+def lora_plan(*overrides: str, gib: float = 80.0) -> Plan:
+    config = compose_config(LORA_PRESET, list(overrides))
+    return plan_memory(config, model_shape("Qwen2.5-7B"), gib)
+
+
+def adapter_elements(rank: int) -> int:
+    """r x (in + out) on q, k, v, o, gate, up, down of every layer."""
+    return L * rank * ((H + H) + 2 * (H + KV) + (H + H) + 3 * (H + MLP))
+
+
+def adapter_shard(rank: int, world: int = 8) -> int:
+    """Rank 0's FSDP2 shard: ceil(rows / world) rows of A (rank, in) and of B (out, rank)."""
+    projections = [(H, H), (H, KV), (H, KV), (H, H), (H, MLP), (H, MLP), (MLP, H)]  # (in, out)
+    rows = sum(-(-rank // world) * i + -(-o // world) * rank for i, o in projections)
+    return L * rows
 
 
 def peak(p: Plan, phase: str) -> float:
@@ -181,14 +202,103 @@ def test_lora_lowers_the_trainer_peak_and_keeps_adam_state_for_adapters_only() -
     # With a smaller reference micro-batch the update sets the trainer-side peak.
     small_ref = ("ref.micro_batch_size=4",)
     assert trainer_peak(plan(*small_ref, lora_rank=rank)) < trainer_peak(plan(*small_ref))
-    # r x (in + out) on q, k, v, o, gate, up, down of every layer; fp32 state, 1/8 shard
-    adapters = L * rank * ((H + H) + 2 * (H + KV) + (H + H) + 3 * (H + MLP))
     state = lora.phases["update/onload"].components_gib["optimizer_state"]
-    assert state == pytest.approx(2 * adapters / 8 * 4 / GIB)
-    assert "ref_params" not in lora.phases["ref/forward"].components_gib
-    assert lora.phases["sync/gather_load"].transient_gib["gather_buffers"] == pytest.approx(
-        adapters * 2 / GIB
-    )
+    assert state == pytest.approx(2 * adapter_elements(rank) / 8 * 4 / GIB)  # fp32, 1/8 shard
+
+
+def test_lora_preset_has_a_lower_trainer_peak_than_the_same_config_without_lora() -> None:
+    lora, full = lora_plan(), lora_plan(*LORA_OFF)
+    assert lora.lora_rank == 32 and full.lora_rank == 0
+    # actor and optimizer stay on the device: full fine-tuning would keep 3.55 + 7.09 GiB there
+    assert trainer_peak(lora) < trainer_peak(full) - 8
+    for phase in TRAINER_PHASES:
+        assert peak(lora, phase) < peak(full, phase), phase
+    assert lora.fits and full.fits
+
+
+def test_lora_has_no_reference_and_adapter_only_gradients_and_adam_state() -> None:
+    p, rank = lora_plan(), 32
+    shard_gib = adapter_shard(rank) * 4 / GIB  # fp32 master dtype
+    assert adapter_shard(rank) == adapter_elements(rank) // 8  # every dim divides by 8 here
+    for name, phase in p.phases.items():
+        assert "ref_params" not in phase.components_gib, name
+    # the reference forward runs on the actor (frozen bf16 base + adapters)
+    actor = p.phases["ref/forward"].components_gib["actor_params"]
+    assert actor == pytest.approx((QWEN_7B_PARAMS // 8 * 2 + adapter_shard(rank) * 4) / GIB)
+    backward = p.phases["update/backward"].components_gib
+    assert backward["optimizer_state"] == pytest.approx(2 * shard_gib)
+    assert backward["actor_grads"] == pytest.approx(shard_gib)
+    assert backward["optimizer_state"] < 0.1  # vs 7.09 GiB with full fine-tuning
+
+
+def test_adapter_sync_gathers_far_less_than_a_full_weight_layer_gather() -> None:
+    rank = 32
+    adapter = lora_plan().phases["sync/gather_load"].transient_gib
+    # every adapter in bf16 (kept until the adapter file is written) + one cast shard
+    largest_shard = 4 * MLP  # A of down_proj: 32 / 8 rows x 18,944 (= B of gate/up: 2,368 x 32)
+    assert adapter == {
+        "gather_buffers": pytest.approx((adapter_elements(rank) + largest_shard) * 2 / GIB)
+    }
+    full_layer = plan("sync.gather=layer").phases["sync/gather_load"].transient_gib
+    assert adapter["gather_buffers"] < full_layer["gather_buffers"] / 5  # 0.15 vs 1.14 GiB
+    decoder_layer_gib = (QWEN_7B_PARAMS - 2 * V * H - H) / L * 2 / GIB  # one layer in bf16
+    assert adapter["gather_buffers"] < decoder_layer_gib / 2
+    # merge sends full weights: at least a decoder layer (layered), the whole model (not)
+    layered = lora_plan("sync.lora_mode=merge").phases["sync/gather_load"]
+    assert sum(layered.transient_gib.values()) > decoder_layer_gib + 0.5  # + merged copies
+    everything = lora_plan("sync.lora_mode=merge", "sync.layered_summon=false")
+    gathered = everything.phases["sync/gather_load"].transient_gib["gather_buffers"]
+    assert gathered > QWEN_7B_PARAMS * 2 / GIB
+    # only adapter mode's engine holds adapter slots (rank 32 on every projection, bf16)
+    weights = {
+        mode: lora_plan(f"sync.lora_mode={mode}").phases["rollout/wake_kv"].components_gib
+        for mode in ("adapter", "merge")
+    }
+    slots = weights["adapter"]["rollout_weights"] - weights["merge"]["rollout_weights"]
+    assert slots == pytest.approx(adapter_elements(rank) * 2 / GIB)
+
+
+def test_adapter_mode_checks_the_first_sync_of_the_base() -> None:
+    layer = lora_plan(gib=20.0)  # over budget elsewhere (the reference's logits), not here
+    assert any("the first sync also sends the base" in note for note in layer.notes)
+    assert not any(problem.startswith("first sync") for problem in layer.problems)
+    whole = lora_plan("sync.gather=full", gib=20.0)  # the base in one group: 14.2 GiB
+    assert any(problem.startswith("first sync") for problem in whole.problems)
+    assert peak(whole, "sync/gather_load") == pytest.approx(peak(layer, "sync/gather_load"))
+
+
+def test_lora_rank_from_the_config_equals_the_argument() -> None:
+    shape = model_shape("Qwen2.5-7B")
+    by_config = plan("+model.lora.rank=32")
+    by_argument = plan(lora_rank=32)
+    assert by_config.phases == by_argument.phases
+    assert by_config.lora_rank == by_argument.lora_rank == 32
+    assert by_config.phases != plan().phases
+    overridden = plan_memory(launcher("+model.lora.rank=8"), shape, 80.0, lora_rank=32)
+    assert overridden.phases == by_config.phases and overridden.lora_rank == 32
+    with pytest.raises(ValueError, match="lora_rank"):
+        plan_memory(launcher(), shape, 80.0, lora_rank=-1)
+
+
+def test_cli_lora_rank_is_the_model_lora_rank_override(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--config-name", LAUNCHER, "--model", "Qwen2.5-7B", "--json"]
+    assert main([*argv, "--lora-rank", "32"]) == 0
+    shortcut = json.loads(capsys.readouterr().out)["plan"]
+    assert main([*argv, "+model.lora.rank=32"]) == 0
+    override = json.loads(capsys.readouterr().out)["plan"]
+    assert shortcut == override and shortcut["lora_rank"] == 32
+    assert main(["--config-name", LORA_PRESET, "--model", "Qwen2.5-7B", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["lora_rank"] == 32  # from the YAML
+
+
+def test_suggestions_for_a_lora_config_fit_and_leave_the_reference_alone() -> None:
+    shape = model_shape("Qwen2.5-7B")
+    config = compose_config(LORA_PRESET, [])
+    suggestions = suggest(config, shape, 24.0)
+    assert suggestions
+    for s in suggestions:
+        assert s.plan.fits and s.plan.lora_rank == 32
+        assert not any(o.startswith("ref.param_offload") for o in s.overrides)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,144 @@
+"""What a weight sync sends when the actor carries LoRA adapters.
+
+Two modes (`sync.lora_mode`):
+  adapter: the frozen base reaches the engine once (the first sync after the engine starts),
+           under its Hugging Face names; every sync then gathers only the lora_A / lora_B
+           tensors, writes them as a peft adapter to a RAM-backed directory and has vLLM
+           reload that adapter in place (`LoRARequest(..., load_inplace=True)`). vLLM's
+           public LoRA API takes adapters from a path; /dev/shm keeps it off the disk.
+  merge:   every sync sends full weights with the adapters folded in, W + (alpha / r) B A in
+           fp32, cast to bf16: the engine needs no LoRA support (TRL's way; the slow baseline).
+`sync.layered_summon` gathers one decoder layer's tensors at a time (else all at once), so
+the peak is one layer's adapters (adapter) or one layer's base + adapters (merge).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybrid.sharding.gather import Granularity, NamedParam, full_parameter, group_parameters
+from hybrid.workers.config import LoraConfig
+from hybrid.workers.lora import hf_name, is_lora_name, merge_into_base, write_adapter
+
+GroupDone = Callable[[int, int], None]
+
+
+@dataclass
+class SyncTally:
+    """Tensors and bytes one sync handed to the engine."""
+
+    tensors: int = 0
+    bytes: int = 0
+
+    def count(self, tensor: torch.Tensor) -> None:
+        self.tensors += 1
+        self.bytes += tensor.nbytes
+
+
+def counted(weights: Iterator[NamedParam], tally: SyncTally) -> Iterator[NamedParam]:
+    for name, tensor in weights:
+        tally.count(tensor)
+        yield name, tensor
+
+
+def adapter_directory(rank: int) -> Path:
+    """A per-process directory in RAM (/dev/shm) when there is one, for the adapter files."""
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return Path(root) / f"hybrid-lora-{os.getpid()}-rank{rank}"
+
+
+class LoraSync:
+    """Gathers a peft actor's tensors for the engine: its base, its adapter, or both merged."""
+
+    def __init__(
+        self,
+        actor: torch.nn.Module,
+        lora: LoraConfig,
+        target_modules: list[str],
+        base_model_path: str,
+        directory: Path,
+    ) -> None:
+        self.lora = lora
+        self.target_modules = target_modules
+        self.base_model_path = base_model_path
+        self.directory = directory
+        named: list[NamedParam] = list(actor.named_parameters())
+        self.base = [(name, p) for name, p in named if not is_lora_name(name)]
+        self.adapter = [(name, p) for name, p in named if is_lora_name(name)]
+        self.all = named
+
+    @staticmethod
+    def granularity(layered: bool) -> Granularity:
+        return "layer" if layered else "full"
+
+    def iter_base(
+        self, granularity: Granularity, bucket_bytes: int, on_group_done: GroupDone | None
+    ) -> Iterator[NamedParam]:
+        """The frozen base, full tensors in bf16, under Hugging Face names."""
+        groups = group_parameters(self.base, granularity, bucket_bytes, torch.bfloat16)
+        for index, group in enumerate(groups):
+            full = [(hf_name(name), full_parameter(p, torch.bfloat16)) for name, p in group]
+            nbytes = sum(t.nbytes for _, t in full)
+            full.reverse()
+            while full:
+                yield full.pop()
+            if on_group_done is not None:
+                on_group_done(index, nbytes)
+
+    def gather_adapter(
+        self, layered: bool, on_group_done: GroupDone | None
+    ) -> dict[str, torch.Tensor]:
+        """Every adapter tensor, full, in bf16 (the engine's dtype), by peft name."""
+        tensors: dict[str, torch.Tensor] = {}
+        groups = group_parameters(self.adapter, self.granularity(layered), 0, torch.bfloat16)
+        for index, group in enumerate(groups):
+            full = {name: full_parameter(p, torch.bfloat16) for name, p in group}
+            tensors.update(full)
+            if on_group_done is not None:
+                on_group_done(index, sum(t.nbytes for t in full.values()))
+        return tensors
+
+    def write_adapter(self, tensors: dict[str, torch.Tensor]) -> Path:
+        """The adapter as peft files in this process's directory (replacing the last one)."""
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        return write_adapter(
+            self.directory, tensors, self.lora, self.target_modules, self.base_model_path
+        )
+
+    def remove_files(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def iter_merged(self, layered: bool, on_group_done: GroupDone | None) -> Iterator[NamedParam]:
+        """Full weights with each adapter folded into its base weight, Hugging Face names."""
+        groups = group_parameters(self.all, self.granularity(layered), 0, torch.bfloat16)
+        for index, group in enumerate(groups):
+            # Adapters in fp32 for the merge; the base in bf16, as the engine keeps it.
+            full = {
+                name: full_parameter(p, torch.float32 if is_lora_name(name) else torch.bfloat16)
+                for name, p in group
+            }
+            merged = []
+            for name, tensor in full.items():
+                if is_lora_name(name):
+                    continue
+                module = name.rsplit(".base_layer.", 1)[0]
+                lora_a = full.get(f"{module}.lora_A.default.weight")
+                if name.endswith(".base_layer.weight") and lora_a is not None:
+                    lora_b = full[f"{module}.lora_B.default.weight"]
+                    tensor = merge_into_base(tensor, lora_a, lora_b, self.lora.scaling)
+                merged.append((hf_name(name), tensor))
+            nbytes = sum(t.nbytes for t in full.values())
+            del full
+            merged.reverse()
+            while merged:
+                yield merged.pop()
+            if on_group_done is not None:
+                on_group_done(index, nbytes)

@@ -1,0 +1,195 @@
+"""LoRA on the actor: peft adapters on a meta-device model, their names and their files.
+
+The actor is a `peft.PeftModel` around the Hugging Face model, wrapped before FSDP2 shards
+it. Three name spaces meet here:
+  peft (in the model):  base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight
+                        base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+  Hugging Face:         model.layers.0.self_attn.q_proj.weight  (checkpoints, vLLM's loader)
+  peft files:           base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
+                        (adapter_model.safetensors: the adapter name dropped)
+`hf_name` and `adapter_file_name` map the first to the other two.
+
+Adapters start as peft initialises them: A ~ kaiming-uniform (bound 1/sqrt(in_features)), B = 0,
+so the adapted model equals the base model at step 0. The values are drawn on rank 0 from a
+seeded generator, so every run starts from the same adapter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybrid.workers.config import ALL_LINEAR, LoraConfig
+
+ADAPTER_NAME = "default"
+LORA_ADAPTER_DIR = "lora_adapter"
+"""Where checkpoints and the final output keep the adapter (peft format)."""
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+_PEFT_PREFIX = "base_model.model."
+_LORA_MARK = ".lora_"
+
+
+def is_lora_name(name: str) -> bool:
+    return _LORA_MARK in name
+
+
+def hf_name(peft_name: str) -> str:
+    """The Hugging Face name of a base parameter of the peft model."""
+    name = peft_name.removeprefix(_PEFT_PREFIX)
+    return name.replace(".base_layer.", ".")
+
+
+def adapter_file_name(peft_name: str) -> str:
+    """The name an adapter tensor has in a peft adapter file (and for vLLM's LoRA loader)."""
+    return peft_name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Distinct short names of the linear layers inside the decoder layers."""
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and ".layers." in f".{name}"
+    }
+    return sorted(names)
+
+
+def target_modules(model: nn.Module, lora: LoraConfig) -> list[str]:
+    """The module names that get adapters; an entry that matches nothing raises, listing the
+    linear modules that exist."""
+    existing = linear_module_names(model)
+    if lora.target_modules == ALL_LINEAR:
+        return existing
+    unknown = [name for name in lora.target_modules if name not in existing]
+    if unknown:
+        raise ValueError(
+            f"model.lora.target_modules: {unknown} match no linear module of "
+            f"{type(model).__name__}; its decoder layers have {existing}"
+        )
+    return list(lora.target_modules)
+
+
+def check_lora_setup(model_path: str, lora: LoraConfig, lora_mode: str) -> None:
+    """Fail before any worker starts: target modules the model lacks, or adapter syncs to an
+    engine that cannot serve LoRA for this architecture."""
+    if not lora.enabled:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hybrid.rollout.vllm_compat import engine_supports_lora
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    target_modules(model, lora)
+    architectures = getattr(config, "architectures", None) or [type(model).__name__]
+    if lora_mode == "adapter" and not engine_supports_lora(architectures[0]):
+        raise ValueError(
+            f"sync.lora_mode=adapter: vLLM has no LoRA support for {architectures[0]} "
+            f"({model_path}); use sync.lora_mode=merge, which sends merged full weights"
+        )
+
+
+def adapted_modules(peft_model: nn.Module) -> list[str]:
+    """The module names that carry adapters in a peft model ("all-linear" resolved)."""
+    peft: Any = peft_model
+    return sorted(peft.peft_config[ADAPTER_NAME].target_modules)
+
+
+@contextmanager
+def adapters_disabled(peft_model: nn.Module) -> Iterator[None]:
+    """The base model inside: a context in which the adapters add nothing.
+
+    peft also clears the adapters' requires_grad while they are disabled. FSDP2 decides once,
+    at its lazy init (the first forward, possibly this one), which parameters are trainable
+    and casts their reduced gradients accordingly, so the flags are put back at once."""
+    peft: Any = peft_model
+    with peft.disable_adapter():
+        for name, param in peft_model.named_parameters():
+            if is_lora_name(name):
+                param.requires_grad_(True)
+        yield
+
+
+def add_adapters(
+    model: nn.Module, lora: LoraConfig, base_dtype: torch.dtype, adapter_dtype: torch.dtype
+) -> nn.Module:
+    """Wrap `model` (on the meta device) in a PeftModel: base frozen in `base_dtype`, the
+    adapters trainable in `adapter_dtype`."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    config = PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=target_modules(model, lora),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    for name, param in peft_model.named_parameters():
+        lora_param = is_lora_name(name)
+        param.requires_grad_(lora_param)
+        param.data = param.data.to(adapter_dtype if lora_param else base_dtype)
+    return peft_model
+
+
+def initial_adapter(
+    shapes: Iterable[tuple[str, torch.Size]], dtype: torch.dtype, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """peft's default initialisation of every lora_A / lora_B, reproducibly."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in sorted(shapes):
+        if ".lora_B." in name:
+            tensors[name] = torch.zeros(shape, dtype=dtype)
+        else:  # kaiming_uniform_(a=sqrt(5)) on (rank, in_features): bound 1 / sqrt(in)
+            bound = 1.0 / math.sqrt(shape[1])
+            tensors[name] = (torch.rand(shape, generator=generator) * 2 - 1) * bound
+            tensors[name] = tensors[name].to(dtype)
+    return tensors
+
+
+def merge_into_base(
+    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """W + scaling * B @ A, computed in fp32, returned in the base's dtype."""
+    merged = base.float() + scaling * (lora_b.float() @ lora_a.float())
+    return merged.to(base.dtype)
+
+
+def write_adapter(
+    directory: Path,
+    tensors: dict[str, torch.Tensor],
+    lora: LoraConfig,
+    target: list[str],
+    base_model_path: str,
+) -> Path:
+    """A peft adapter directory: safetensors with peft's file names + adapter_config.json.
+    `tensors` are keyed by the model's peft names."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {adapter_file_name(k): v.contiguous() for k, v in tensors.items()}
+    save_file(weights, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    from peft import LoraConfig as PeftLoraConfig
+
+    PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=sorted(target),
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model_path,
+        inference_mode=True,
+    ).save_pretrained(str(directory))
+    return directory
