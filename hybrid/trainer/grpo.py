@@ -194,7 +194,7 @@ class GRPOTrainer:
         step_s = time.perf_counter() - started
         tokens = float(rollout["attention_mask"].sum())
         metrics.update(update)
-        metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
+        metrics.update({k: v for k, v in worker.items() if k.startswith(("memory/", "sync/"))})
         metrics.update(
             {
                 "response_length/mean": float(lengths.float().mean()),

@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
-from hybrid.data import write_rows
-from hybrid.main import build_config
 from hybrid.memory.records import STEADY_PHASES, STEP_PHASES, read_records
-from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
 from profiling import memory_report
-from tests.conftest import REPO_ROOT
+from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -44,49 +39,7 @@ UNREPEATABLE = ("timing_s/", "perf/", "memory/")
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("grpo")
-    build_tiny_model(root / "model", TinyModelConfig.preset("tiny", vocab="arithmetic"), seed=0)
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
-            "data_source": "arithmetic",
-            "reward_model": {"ground_truth": str(a + b)},
-            "extra_info": {"index": 5 * a + b},
-        }
-        for a in range(5)
-        for b in range(5)
-    ]
-    write_rows(rows, root / "train.jsonl")
-    write_rows(rows[:8], root / "test.jsonl")
-    return root
-
-
-def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunConfig:
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose(
-            "config",
-            overrides=[
-                f"model.path={assets / 'model'}",
-                f"data.train_files=[{assets / 'train.jsonl'}]",
-                f"data.val_files=[{assets / 'test.jsonl'}]",
-                f"trainer.output_dir={output_dir}",
-                "data.train_batch_size=4",
-                "algorithm.ppo_mini_batch_size=2",
-                "rollout.n=4",
-                "actor.micro_batch_size=2",
-                "actor.use_kl_loss=true",
-                "actor.entropy_coeff=0.01",
-                "trainer.loggers=[jsonl]",
-                "trainer.val_before_train=false",
-                "trainer.test_freq=0",
-                *overrides,
-            ],
-        )
-    return build_config(cfg)
-
-
-def read_metrics(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return write_assets(tmp_path_factory.mktemp("grpo"))
 
 
 @pytest.fixture(scope="module")

@@ -220,7 +220,8 @@ def test_lora_has_no_reference_and_adapter_only_gradients_and_adam_state() -> No
     p, rank = lora_plan(), 32
     shard_gib = adapter_shard(rank) * 4 / GIB  # fp32 master dtype
     assert adapter_shard(rank) == adapter_elements(rank) // 8  # every dim divides by 8 here
-    for name, phase in p.phases.items():
+    # ref.param_offload=false would keep a reference resident in every phase, if there were one
+    for name, phase in lora_plan("ref.param_offload=false").phases.items():
         assert "ref_params" not in phase.components_gib, name
     # the reference forward runs on the actor (frozen bf16 base + adapters)
     actor = p.phases["ref/forward"].components_gib["actor_params"]
@@ -269,12 +270,12 @@ def test_adapter_mode_checks_the_first_sync_of_the_base() -> None:
 
 def test_lora_rank_from_the_config_equals_the_argument() -> None:
     shape = model_shape("Qwen2.5-7B")
-    by_config = plan("+model.lora.rank=32")
+    by_config = plan("++model.lora.rank=32")
     by_argument = plan(lora_rank=32)
     assert by_config.phases == by_argument.phases
     assert by_config.lora_rank == by_argument.lora_rank == 32
     assert by_config.phases != plan().phases
-    overridden = plan_memory(launcher("+model.lora.rank=8"), shape, 80.0, lora_rank=32)
+    overridden = plan_memory(launcher("++model.lora.rank=8"), shape, 80.0, lora_rank=32)
     assert overridden.phases == by_config.phases and overridden.lora_rank == 32
     with pytest.raises(ValueError, match="lora_rank"):
         plan_memory(launcher(), shape, 80.0, lora_rank=-1)
@@ -284,7 +285,7 @@ def test_cli_lora_rank_is_the_model_lora_rank_override(capsys: pytest.CaptureFix
     argv = ["--config-name", LAUNCHER, "--model", "Qwen2.5-7B", "--json"]
     assert main([*argv, "--lora-rank", "32"]) == 0
     shortcut = json.loads(capsys.readouterr().out)["plan"]
-    assert main([*argv, "+model.lora.rank=32"]) == 0
+    assert main([*argv, "++model.lora.rank=32"]) == 0
     override = json.loads(capsys.readouterr().out)["plan"]
     assert shortcut == override and shortcut["lora_rank"] == 32
     assert main(["--config-name", LORA_PRESET, "--model", "Qwen2.5-7B", "--json"]) == 0

@@ -1,0 +1,60 @@
+"""The tiny model, the arithmetic prompts and configs for the trainer's end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from hybrid.data import write_rows
+from hybrid.main import build_config
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.trainer.config import TrainerRunConfig
+from tests.conftest import REPO_ROOT
+
+
+def write_assets(root: Path) -> Path:
+    """root/model (tiny Qwen2, arithmetic vocabulary), root/train.jsonl, root/test.jsonl."""
+    build_tiny_model(root / "model", TinyModelConfig.preset("tiny", vocab="arithmetic"), seed=0)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+            "data_source": "arithmetic",
+            "reward_model": {"ground_truth": str(a + b)},
+            "extra_info": {"index": 5 * a + b},
+        }
+        for a in range(5)
+        for b in range(5)
+    ]
+    write_rows(rows, root / "train.jsonl")
+    write_rows(rows[:8], root / "test.jsonl")
+    return root
+
+
+def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunConfig:
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        cfg = compose(
+            "config",
+            overrides=[
+                f"model.path={assets / 'model'}",
+                f"data.train_files=[{assets / 'train.jsonl'}]",
+                f"data.val_files=[{assets / 'test.jsonl'}]",
+                f"trainer.output_dir={output_dir}",
+                "data.train_batch_size=4",
+                "algorithm.ppo_mini_batch_size=2",
+                "rollout.n=4",
+                "actor.micro_batch_size=2",
+                "actor.use_kl_loss=true",
+                "actor.entropy_coeff=0.01",
+                "trainer.loggers=[jsonl]",
+                "trainer.val_before_train=false",
+                "trainer.test_freq=0",
+                *overrides,
+            ],
+        )
+    return build_config(cfg)
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]

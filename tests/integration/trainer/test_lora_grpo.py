@@ -1,0 +1,146 @@
+"""GRPO with LoRA end to end on 2 CPU workers and the tiny model: the engine with the synced
+adapter agrees with the actor, the exported peft adapter reproduces the engine's greedy tokens
+in Hugging Face peft and in a fresh vLLM, and bad LoRA settings fail before workers start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from hybrid.memory.records import read_records
+from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.workers.lora import LORA_ADAPTER_DIR
+from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+STEPS = 3
+# 2 decoder layers x 7 linears (all-linear) x (lora_A, lora_B).
+ADAPTER_TENSORS = 2 * 7 * 2
+PROMPTS = [[11, 12, 13, 14], [3, 14, 5, 15], [7, 14, 8, 15], [4, 14, 4, 15]]
+NEW_TOKENS = 6
+
+# A fresh vLLM serving the exported adapter over the base model (child process: this one may
+# hold a torch.distributed world).
+_VLLM_GREEDY = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
+base, adapter, prompts, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+llm = LLM(model=base, dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=32 << 20,
+          max_model_len=64, enable_lora=True, max_lora_rank=8, max_loras=1)
+params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+                   lora_request=LoRARequest("trained", 1, adapter))
+print("TOKENS", json.dumps([list(o.outputs[0].token_ids) for o in out]))
+"""
+
+
+@pytest.fixture(scope="module")
+def lora_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    assets = write_assets(tmp_path_factory.mktemp("lora"))
+    out = assets / "run"
+    config = make_config(
+        assets,
+        out,
+        f"trainer.total_steps={STEPS}",
+        f"trainer.save_freq={STEPS}",
+        "model.lora.rank=8",
+        "actor.lr=1e-2",
+    )
+    GRPOTrainer(config).fit()
+    return assets, out
+
+
+def hf_greedy(model: torch.nn.Module) -> list[list[int]]:
+    tokens = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            for _ in range(NEW_TOKENS):
+                logits = model(input_ids=ids).logits[0, -1]
+                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+            tokens.append(ids[0, len(prompt) :].tolist())
+    return tokens
+
+
+def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -> None:
+    assets, out = lora_run
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    diffs = [m["rollout/logprob_diff_max"] for m in metrics]
+    print(f"LoRA rollout/logprob_diff_max per step: {diffs}")
+    assert max(diffs) < 0.05
+    # Step 1's sync carries the base; later ones only the adapter.
+    assert metrics[0]["sync/tensors"] > ADAPTER_TENSORS
+    assert [m["sync/tensors"] for m in metrics[1:]] == [ADAPTER_TENSORS] * (STEPS - 1)
+    assert all(m["actor/kl_loss"] >= 0.0 for m in metrics)
+    # No reference model was built: nothing in the ledger holds ref_params.
+    records = list(read_records(out / "memory.jsonl"))
+    assert not any("ref_params" in r.components_gib for r in records)
+    assert any(r.phase == "ref/forward" for r in records)
+
+    adapter = out / LORA_ADAPTER_DIR
+    assert (
+        out / "checkpoints" / f"step_{STEPS}" / LORA_ADAPTER_DIR / "adapter_config.json"
+    ).is_file()
+    base = AutoModelForCausalLM.from_pretrained(assets / "model", dtype=torch.float32)
+    base_tokens = hf_greedy(base)
+    peft_tokens = hf_greedy(PeftModel.from_pretrained(base, adapter))
+    merged = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
+    assert hf_greedy(merged) == peft_tokens  # the merged export is the adapted model
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    child = subprocess.run(
+        [sys.executable, "-c", _VLLM_GREEDY, str(assets / "model"), str(adapter),
+         json.dumps(PROMPTS), str(NEW_TOKENS)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    line = next(x for x in child.stdout.splitlines() if x.startswith("TOKENS "))
+    vllm_tokens = json.loads(line.removeprefix("TOKENS "))
+    print(f"greedy: base {base_tokens}, peft {peft_tokens}, vLLM+adapter {vllm_tokens}")
+    assert vllm_tokens == peft_tokens
+    assert peft_tokens != base_tokens  # the adapter changed the model
+
+
+def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
+    assets = write_assets(tmp_path)
+    with pytest.raises(ValueError, match=r"model\.lora\.rank must be >= 0"):
+        make_config(assets, tmp_path, "model.lora.rank=-4")
+    with pytest.raises(
+        ValueError, match=r"model\.lora\.rank is 0 \(LoRA off\) but LoRA is configured"
+    ):
+        make_config(assets, tmp_path, "model.lora.target_modules=[q_proj]")
+    with pytest.raises(
+        ValueError, match=r"model\.lora\.target_modules: \['qkv'\] match no linear module.*'q_proj'"
+    ):
+        GRPOTrainer(
+            make_config(assets, tmp_path, "model.lora.rank=8", "model.lora.target_modules=[qkv]")
+        )
+    # An architecture vLLM cannot serve LoRA for (its GPT-J has no LoRA support).
+    gptj = tmp_path / "gptj"
+    gptj.mkdir()
+    config = json.loads((assets / "model" / "config.json").read_text())
+    (gptj / "config.json").write_text(json.dumps({
+        "architectures": ["GPTJForCausalLM"], "model_type": "gptj", "n_layer": 1, "n_embd": 32,
+        "n_head": 2, "rotary_dim": 8, "vocab_size": config["vocab_size"], "n_positions": 64,
+    }))  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"sync\.lora_mode=adapter: vLLM has no LoRA support for GPTJForCausalLM"
+    ):
+        GRPOTrainer(make_config(assets, tmp_path, f"model.path={gptj}", "model.lora.rank=8"))
