@@ -401,8 +401,9 @@ class _Worker:
         a = self.lora
         if not self.lora_rank:
             return {"gather_buffers": self.weight_gather()}
-        if self.adapter_sync:  # gather_adapter keeps every tensor until the file is written
-            return {"gather_buffers": (a.elements + a.largest_shard) * ENGINE_BYTES}
+        if self.adapter_sync:  # gather_adapter moves each group to the host once gathered
+            group = a.layer if self.config.sync.layered_summon else a.elements
+            return {"gather_buffers": (group + a.largest_shard) * ENGINE_BYTES}
         # merge: a group's base (bf16) and adapters (fp32), the merged copies of its adapted
         # weights, merge_into_base's fp32 temporaries of the largest one
         layered = self.config.sync.layered_summon

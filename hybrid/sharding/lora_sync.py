@@ -95,14 +95,15 @@ class LoraSync:
     def gather_adapter(
         self, layered: bool, on_group_done: GroupDone | None
     ) -> dict[str, torch.Tensor]:
-        """Every adapter tensor, full, in bf16 (the engine's dtype), by peft name."""
+        """Every adapter tensor, full, in bf16 (the engine's dtype), by peft name, on the host."""
         tensors: dict[str, torch.Tensor] = {}
         groups = group_parameters(self.adapter, self.granularity(layered), 0, torch.bfloat16)
         for index, group in enumerate(groups):
             full = {name: full_parameter(p, torch.bfloat16) for name, p in group}
-            tensors.update(full)
             if on_group_done is not None:
                 on_group_done(index, sum(t.nbytes for t in full.values()))
+            # The file is written from host memory: only one group is on the device at once.
+            tensors.update({name: t.cpu() for name, t in full.items()})
         return tensors
 
     def write_adapter(self, tensors: dict[str, torch.Tensor]) -> Path:

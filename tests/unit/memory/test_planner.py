@@ -232,16 +232,27 @@ def test_lora_has_no_reference_and_adapter_only_gradients_and_adam_state() -> No
     assert backward["optimizer_state"] < 0.1  # vs 7.09 GiB with full fine-tuning
 
 
+def test_a_target_modules_list_counts_only_those_projections() -> None:
+    p = lora_plan("model.lora.target_modules=[q_proj,v_proj]")
+    attention = L * 32 * ((H + H) + (H + KV))  # q: 3584 -> 3584, v: 3584 -> 512
+    state = p.phases["update/onload"].components_gib["optimizer_state"]
+    assert state == pytest.approx(2 * attention / 8 * 4 / GIB)
+    assert any("on q_proj, v_proj:" in note for note in p.notes)
+
+
 def test_adapter_sync_gathers_far_less_than_a_full_weight_layer_gather() -> None:
     rank = 32
     adapter = lora_plan().phases["sync/gather_load"].transient_gib
-    # every adapter in bf16 (kept until the adapter file is written) + one cast shard
+    # layered: one layer's adapters in bf16 (each layer goes to the host) + one cast shard
     largest_shard = 4 * MLP  # A of down_proj: 32 / 8 rows x 18,944 (= B of gate/up: 2,368 x 32)
-    assert adapter == {
+    layer = adapter_elements(rank) // L
+    assert adapter == {"gather_buffers": pytest.approx((layer + largest_shard) * 2 / GIB)}
+    whole = lora_plan("sync.layered_summon=false").phases["sync/gather_load"].transient_gib
+    assert whole == {
         "gather_buffers": pytest.approx((adapter_elements(rank) + largest_shard) * 2 / GIB)
     }
     full_layer = plan("sync.gather=layer").phases["sync/gather_load"].transient_gib
-    assert adapter["gather_buffers"] < full_layer["gather_buffers"] / 5  # 0.15 vs 1.14 GiB
+    assert whole["gather_buffers"] < full_layer["gather_buffers"] / 5  # 0.15 vs 1.14 GiB
     decoder_layer_gib = (QWEN_7B_PARAMS - 2 * V * H - H) / L * 2 / GIB  # one layer in bf16
     assert adapter["gather_buffers"] < decoder_layer_gib / 2
     # merge sends full weights: at least a decoder layer (layered), the whole model (not)
