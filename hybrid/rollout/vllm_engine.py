@@ -164,7 +164,10 @@ class VllmEngine:
         adapter of the same id in place; the prefix cache of the old adapter is dropped."""
         from vllm.lora.request import LoRARequest
 
-        self.lora_request = LoRARequest("actor", 1, str(path), load_inplace=True)
+        # Load (or reload in place) once; requests then name the loaded adapter without
+        # load_inplace, which would make vLLM re-read the files at every model step.
+        self.llm.llm_engine.add_lora(LoRARequest("actor", 1, str(path), load_inplace=True))
+        self.lora_request = LoRARequest("actor", 1, str(path))
         self.llm.reset_prefix_cache()
 
     def after_load(self) -> None:

@@ -98,6 +98,43 @@ def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return padded[:rows]
 
 
+def gather_coalesced(group: list[NamedParam], dtype: torch.dtype) -> list[NamedParam]:
+    """Like `gather_full`, with one all-gather for the whole group: for many small tensors
+    (LoRA adapters) the per-collective latency, not the bytes, sets the time. Parameters
+    that are not dim-0 shards of a 1-D mesh are gathered one by one."""
+    sharded = [
+        (name, p)
+        for name, p in group
+        if isinstance(p, DTensor) and p.device_mesh.ndim == 1 and p.placements == (Shard(0),)
+    ]
+    if len(sharded) < 2:
+        return gather_full(group, dtype)
+    mesh = sharded[0][1].device_mesh
+    world = mesh.size()
+    pieces, layouts = [], []
+    for _, param in sharded:
+        chunk = -(-param.shape[0] // world)
+        local = param.to_local().detach().to(dtype)
+        padded = local.new_zeros((chunk, *param.shape[1:]))
+        padded[: local.shape[0]] = local
+        pieces.append(padded.reshape(-1))
+        layouts.append((chunk, padded.numel()))
+    local_flat = torch.cat(pieces)
+    transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local_flat.device.type == "cpu" else dtype
+    gathered = local_flat.new_empty(world * local_flat.numel())
+    dist.all_gather_single(
+        gathered.view(transport), local_flat.view(transport), group=mesh.get_group()
+    )
+    per_rank = gathered.view(world, -1)
+    full: dict[str, torch.Tensor] = {}
+    offset = 0
+    for (name, param), (chunk, numel) in zip(sharded, layouts, strict=True):
+        rows = per_rank[:, offset : offset + numel].reshape(world * chunk, *param.shape[1:])
+        full[name] = rows[: param.shape[0]].clone()
+        offset += numel
+    return [(name, full[name] if name in full else full_parameter(p, dtype)) for name, p in group]
+
+
 def iter_full_parameters(
     model: torch.nn.Module,
     granularity: Granularity,

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import torch
 
-from hybrid.sharding.gather import Granularity, NamedParam, full_parameter, group_parameters
+from hybrid.sharding.gather import (
+    Granularity,
+    NamedParam,
+    full_parameter,
+    gather_coalesced,
+    group_parameters,
+)
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import hf_name, is_lora_name, merge_into_base, write_adapter
 
@@ -99,7 +105,7 @@ class LoraSync:
         tensors: dict[str, torch.Tensor] = {}
         groups = group_parameters(self.adapter, self.granularity(layered), 0, torch.bfloat16)
         for index, group in enumerate(groups):
-            full = {name: full_parameter(p, torch.bfloat16) for name, p in group}
+            full = dict(gather_coalesced(group, torch.bfloat16))  # many small tensors
             if on_group_done is not None:
                 on_group_done(index, sum(t.nbytes for t in full.values()))
             # The file is written from host memory: only one group is on the device at once.
