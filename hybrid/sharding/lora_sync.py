@@ -29,6 +29,7 @@ from hybrid.sharding.gather import (
     full_parameter,
     gather_coalesced,
     group_parameters,
+    iter_full_tensors,
 )
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import hf_name, is_lora_name, merge_into_base, write_adapter
@@ -88,15 +89,10 @@ class LoraSync:
         self, granularity: Granularity, bucket_bytes: int, on_group_done: GroupDone | None
     ) -> Iterator[NamedParam]:
         """The frozen base, full tensors in bf16, under Hugging Face names."""
-        groups = group_parameters(self.base, granularity, bucket_bytes, torch.bfloat16)
-        for index, group in enumerate(groups):
-            full = [(hf_name(name), full_parameter(p, torch.bfloat16)) for name, p in group]
-            nbytes = sum(t.nbytes for _, t in full)
-            full.reverse()
-            while full:
-                yield full.pop()
-            if on_group_done is not None:
-                on_group_done(index, nbytes)
+        full = iter_full_tensors(
+            self.base, granularity, torch.bfloat16, bucket_bytes, on_group_done
+        )
+        return ((hf_name(name), tensor) for name, tensor in full)
 
     def gather_adapter(
         self, layered: bool, on_group_done: GroupDone | None
