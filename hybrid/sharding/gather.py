@@ -102,37 +102,72 @@ def gather_coalesced(group: list[NamedParam], dtype: torch.dtype) -> list[NamedP
     """Like `gather_full`, with one all-gather for the whole group: for many small tensors
     (LoRA adapters) the per-collective latency, not the bytes, sets the time. Parameters
     that are not dim-0 shards of a 1-D mesh are gathered one by one."""
-    sharded = [
-        (name, p)
-        for name, p in group
-        if isinstance(p, DTensor) and p.device_mesh.ndim == 1 and p.placements == (Shard(0),)
-    ]
-    if len(sharded) < 2:
-        return gather_full(group, dtype)
-    mesh = sharded[0][1].device_mesh
-    world = mesh.size()
-    pieces, layouts = [], []
-    for _, param in sharded:
-        chunk = -(-param.shape[0] // world)
-        local = param.to_local().detach().to(dtype)
-        padded = local.new_zeros((chunk, *param.shape[1:]))
-        padded[: local.shape[0]] = local
-        pieces.append(padded.reshape(-1))
-        layouts.append((chunk, padded.numel()))
-    local_flat = torch.cat(pieces)
-    transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local_flat.device.type == "cpu" else dtype
-    gathered = local_flat.new_empty(world * local_flat.numel())
-    dist.all_gather_single(
-        gathered.view(transport), local_flat.view(transport), group=mesh.get_group()
-    )
-    per_rank = gathered.view(world, -1)
-    full: dict[str, torch.Tensor] = {}
-    offset = 0
-    for (name, param), (chunk, numel) in zip(sharded, layouts, strict=True):
-        rows = per_rank[:, offset : offset + numel].reshape(world * chunk, *param.shape[1:])
-        full[name] = rows[: param.shape[0]].clone()
-        offset += numel
-    return [(name, full[name] if name in full else full_parameter(p, dtype)) for name, p in group]
+    return CoalescedGather(group, dtype).result()
+
+
+class CoalescedGather:
+    """One group's coalesced all-gather, started on construction (asynchronously) and
+    finished by `result()`: a caller can start the next group's collective before it unpacks
+    this one, hiding the collective's latency behind the unpacking (at most two groups alive).
+    """
+
+    def __init__(self, group: list[NamedParam], dtype: torch.dtype) -> None:
+        self.group = group
+        self.dtype = dtype
+        self.sharded = [
+            (name, p)
+            for name, p in group
+            if isinstance(p, DTensor) and p.device_mesh.ndim == 1 and p.placements == (Shard(0),)
+        ]
+        self.work: dist.Work | None = None
+        if len(self.sharded) < 2:
+            return
+        mesh = self.sharded[0][1].device_mesh
+        self.world = mesh.size()
+        # Few ops per tensor: with hundreds of small tensors the dispatcher, not the bytes,
+        # sets the time. Shards are flattened in their own dtype and cast once, together.
+        pieces, self.layouts = [], []
+        for _, param in self.sharded:
+            chunk = -(-param.shape[0] // self.world)
+            local = param.to_local().detach()
+            if local.shape[0] < chunk:  # the short tail of torch.chunk: pad to equal pieces
+                pad = local.new_zeros((chunk - local.shape[0], *local.shape[1:]))
+                local = torch.cat([local, pad])
+            pieces.append(local.reshape(-1))
+            self.layouts.append((chunk, local.numel()))
+        local_flat = torch.cat(pieces).to(dtype)
+        cpu = local_flat.device.type == "cpu"
+        transport = _TRANSPORT_DTYPE.get(dtype, dtype) if cpu else dtype
+        self.gathered = local_flat.new_empty(self.world * local_flat.numel())
+        self.work = dist.all_gather_single(
+            self.gathered.view(transport),
+            local_flat.view(transport),
+            group=mesh.get_group(),
+            async_op=True,
+        )
+
+    def result(self) -> list[NamedParam]:
+        if self.work is None:
+            return gather_full(self.group, self.dtype)
+        self.work.wait()
+        per_rank = self.gathered.view(self.world, -1)
+        full: dict[str, torch.Tensor] = {}
+        offset = 0
+        for (name, param), (chunk, numel) in zip(self.sharded, self.layouts, strict=True):
+            rows = per_rank[:, offset : offset + numel].reshape(
+                self.world * chunk, *param.shape[1:]
+            )
+            # With world > 1 the reshape already copied (the ranks' rows interleave); a view
+            # would keep the whole gathered buffer alive.
+            full[name] = (
+                rows[: param.shape[0]].clone() if self.world == 1 else rows[: param.shape[0]]
+            )
+            offset += numel
+        del self.gathered
+        return [
+            (name, full[name] if name in full else full_parameter(p, self.dtype))
+            for name, p in self.group
+        ]
 
 
 def iter_full_parameters(

@@ -24,15 +24,21 @@ from pathlib import Path
 import torch
 
 from hybrid.sharding.gather import (
+    CoalescedGather,
     Granularity,
     NamedParam,
     full_parameter,
-    gather_coalesced,
     group_parameters,
     iter_full_tensors,
 )
 from hybrid.workers.config import LoraConfig
-from hybrid.workers.lora import hf_name, is_lora_name, merge_into_base, write_adapter
+from hybrid.workers.lora import (
+    hf_name,
+    is_lora_name,
+    merge_into_base,
+    write_adapter_config,
+    write_adapter_weights,
+)
 
 GroupDone = Callable[[int, int], None]
 
@@ -80,6 +86,7 @@ class LoraSync:
         self.base = [(name, p) for name, p in named if not is_lora_name(name)]
         self.adapter = [(name, p) for name, p in named if is_lora_name(name)]
         self.all = named
+        self.config_written = False
 
     @staticmethod
     def granularity(layered: bool) -> Granularity:
@@ -100,24 +107,38 @@ class LoraSync:
         """Every adapter tensor, full, in bf16 (the engine's dtype), by peft name, on the host."""
         tensors: dict[str, torch.Tensor] = {}
         groups = group_parameters(self.adapter, self.granularity(layered), 0, torch.bfloat16)
-        for index, group in enumerate(groups):
-            full = dict(gather_coalesced(group, torch.bfloat16))  # many small tensors
+        # The next layer's collective is in flight while this one is unpacked: per-collective
+        # latency, not bytes, sets the time of a layered adapter gather (two layers alive).
+        pending = CoalescedGather(groups[0], torch.bfloat16) if groups else None
+        for index in range(len(groups)):
+            assert pending is not None
+            current = pending
+            pending = (
+                CoalescedGather(groups[index + 1], torch.bfloat16)
+                if index + 1 < len(groups)
+                else None
+            )
+            full = dict(current.result())
             if on_group_done is not None:
                 on_group_done(index, sum(t.nbytes for t in full.values()))
-            # The file is written from host memory: only one group is on the device at once.
+            # The file is written from host memory: few groups are on the device at once.
             tensors.update({name: t.cpu() for name, t in full.items()})
         return tensors
 
     def write_adapter(self, tensors: dict[str, torch.Tensor]) -> Path:
-        """The adapter as peft files in this process's directory (replacing the last one)."""
-        if self.directory.exists():
-            shutil.rmtree(self.directory)
-        return write_adapter(
-            self.directory, tensors, self.lora, self.target_modules, self.base_model_path
-        )
+        """The adapter as peft files in this process's directory. The config never changes:
+        it is written once; later syncs replace only the weights file."""
+        if not self.config_written:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            write_adapter_config(
+                self.directory, self.lora, self.target_modules, self.base_model_path
+            )
+            self.config_written = True
+        return write_adapter_weights(self.directory, tensors)
 
     def remove_files(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+        self.config_written = False
 
     def iter_merged(self, layered: bool, on_group_done: GroupDone | None) -> Iterator[NamedParam]:
         """Full weights with each adapter folded into its base weight, Hugging Face names."""

@@ -17,6 +17,7 @@ seeded generator, so every run starts from the same adapter.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,13 +176,16 @@ def write_adapter(
 ) -> Path:
     """A peft adapter directory: safetensors with peft's file names + adapter_config.json.
     `tensors` are keyed by the model's peft names."""
-    from safetensors.torch import save_file
+    write_adapter_config(directory, lora, target, base_model_path)
+    return write_adapter_weights(directory, tensors)
 
-    directory.mkdir(parents=True, exist_ok=True)
-    weights = {adapter_file_name(k): v.contiguous() for k, v in tensors.items()}
-    save_file(weights, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+def write_adapter_config(
+    directory: Path, lora: LoraConfig, target: list[str], base_model_path: str
+) -> None:
     from peft import LoraConfig as PeftLoraConfig
 
+    directory.mkdir(parents=True, exist_ok=True)
     PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
@@ -192,4 +196,14 @@ def write_adapter(
         base_model_name_or_path=base_model_path,
         inference_mode=True,
     ).save_pretrained(str(directory))
+
+
+def write_adapter_weights(directory: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """(Re)write the adapter's safetensors file; a reader never sees a half-written file."""
+    from safetensors.torch import save_file
+
+    weights = {adapter_file_name(k): v.contiguous() for k, v in tensors.items()}
+    partial = directory / f".{ADAPTER_WEIGHTS}.partial"
+    save_file(weights, str(partial), metadata={"format": "pt"})
+    os.replace(partial, directory / ADAPTER_WEIGHTS)
     return directory

@@ -25,10 +25,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.sharding.gather import CoalescedGather, gather_coalesced
 from hybrid.sharding.offload import (
     offload_optimizer,
     offload_params,
@@ -124,6 +125,7 @@ def _check_build(rank: int, mesh: DeviceMesh, model_dir: Path) -> dict[str, Any]
     rotary, hf_rotary = model.model.rotary_emb, hf.model.rotary_emb
     head_weight = model.lm_head.weight
     return {
+        "coalesced_exact": _coalesced_gathers_are_exact(model, mesh),
         "names": sorted(full),
         "checkpoint_names": sorted(reference),
         "mismatched": sorted(
@@ -147,6 +149,27 @@ def _check_build(rank: int, mesh: DeviceMesh, model_dir: Path) -> dict[str, Any]
         "logits_max_diff": (logits.float() - hf_logits).abs().max().item(),
         "logits_max_abs": hf_logits.abs().max().item(),
     }
+
+
+def _coalesced_gathers_are_exact(model: torch.nn.Module, mesh: DeviceMesh) -> bool:
+    """Coalesced all-gathers, two in flight at once and finished out of order, give the
+    bf16 full tensors bit for bit: model parameters, an uneven shard (5 rows on 2 ranks) and
+    a plain tensor."""
+    generator = torch.Generator().manual_seed(7)
+    odd = distribute_tensor(torch.randn(5, 3, generator=generator), mesh, [Shard(0)])
+    named = [*model.named_parameters(), ("odd", odd), ("plain", torch.ones(2, 2))]
+    first, second = named[: len(named) // 2], named[len(named) // 2 :]
+    in_flight = [CoalescedGather(first, torch.bfloat16), CoalescedGather(second, torch.bfloat16)]
+    gathered = (
+        in_flight[1].result() + in_flight[0].result() + gather_coalesced(named, torch.bfloat16)
+    )
+    expected = {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.bfloat16)
+        for name, p in named
+    }
+    return len(gathered) == 2 * len(named) and all(
+        torch.equal(t, expected[name]) for name, t in gathered
+    )
 
 
 def _first_run(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], ckpt: Path) -> dict[str, Any]:
@@ -299,6 +322,7 @@ def test_weights_tie_and_rope_buffers(first_run: tuple[list[dict], Path], varian
         assert build["mismatched"] == []
         assert build["dtypes"] == {"torch.float32"}
         assert build["all_sharded"]
+        assert build["coalesced_exact"]
         assert build["head_is_dtensor"] and build["head_equals_checkpoint"]
         assert build["inv_freq_equal"]
         if variant == "tied":
