@@ -13,6 +13,9 @@ from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.config import TrainerRunConfig
 from tests.conftest import REPO_ROOT
 
+# Metrics that differ between runs by nature (wall time, memory); the rest repeat exactly.
+UNREPEATABLE = ("timing_s/", "perf/", "memory/")
+
 
 def write_assets(root: Path) -> Path:
     """root/model (tiny Qwen2, arithmetic vocabulary), root/train.jsonl, root/test.jsonl."""

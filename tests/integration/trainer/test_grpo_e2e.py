@@ -16,7 +16,12 @@ from transformers import AutoModelForCausalLM
 from hybrid.memory.records import STEADY_PHASES, STEP_PHASES, read_records
 from hybrid.trainer.grpo import GRPOTrainer
 from profiling import memory_report
-from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
+from tests.integration.trainer.helpers import (
+    UNREPEATABLE,
+    make_config,
+    read_metrics,
+    write_assets,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -33,8 +38,6 @@ REQUIRED = (
     "actor/grad_norm", "response_length/mean", "rollout/logprob_diff_max", "timing_s/step",
     "timing_s/gen", "timing_s/sync", "timing_s/update_actor", "perf/throughput",
 )  # fmt: skip
-# Differ between runs by nature (wall time, memory); everything else must repeat exactly.
-UNREPEATABLE = ("timing_s/", "perf/", "memory/")
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,31 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybrid.memory.records import read_records
+from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
-from hybrid.workers.lora import LORA_ADAPTER_DIR
-from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
+from hybrid.workers.lora import ADAPTER_WEIGHTS, LORA_ADAPTER_DIR
+from tests.integration.trainer.helpers import (
+    UNREPEATABLE,
+    make_config,
+    read_metrics,
+    write_assets,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 STEPS = 3
 # 2 decoder layers x 7 linears (all-linear) x (lora_A, lora_B).
 ADAPTER_TENSORS = 2 * 7 * 2
-PROMPTS = [[11, 12, 13, 14], [3, 14, 5, 15], [7, 14, 8, 15], [4, 14, 4, 15]]
-NEW_TOKENS = 6
+# Chat prompts as the trainer builds them, each followed by the start of an answer: the tiny
+# model's 16-token vocabulary makes its greedy output depend mostly on the last token, and the
+# chat template ends every prompt alike, so the answer starts vary the probe.
+QUESTIONS = [("2+3=", "5"), ("4+1=", "4"), ("0+4=", "1"), ("3+3=", "61"), ("1+2=", "3 ")]
+QUESTIONS += [("12+7=", "19=")]
+NEW_TOKENS = 8
 
 # A fresh vLLM serving the exported adapter over the base model (child process: this one may
 # hold a torch.distributed world).
@@ -45,26 +56,42 @@ print("TOKENS", json.dumps([list(o.outputs[0].token_ids) for o in out]))
 """
 
 
+def lora_config(assets: Path, out: Path, steps: int, *overrides: str) -> TrainerRunConfig:
+    return make_config(
+        assets,
+        out,
+        f"trainer.total_steps={steps}",
+        f"trainer.save_freq={STEPS}",
+        "model.lora.rank=8",
+        "actor.lr=1e-2",
+        *overrides,
+    )
+
+
 @pytest.fixture(scope="module")
 def lora_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     assets = write_assets(tmp_path_factory.mktemp("lora"))
     out = assets / "run"
-    config = make_config(
-        assets,
-        out,
-        f"trainer.total_steps={STEPS}",
-        f"trainer.save_freq={STEPS}",
-        "model.lora.rank=8",
-        "actor.lr=1e-2",
-    )
-    GRPOTrainer(config).fit()
+    GRPOTrainer(lora_config(assets, out, STEPS)).fit()
     return assets, out
 
 
-def hf_greedy(model: torch.nn.Module) -> list[list[int]]:
+def chat_prompt_ids(model_dir: Path) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    chats = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        + answer_start
+        for question, answer_start in QUESTIONS
+    ]
+    return [tokenizer.encode(chat, add_special_tokens=False) for chat in chats]
+
+
+def hf_greedy(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
     tokens = []
     with torch.no_grad():
-        for prompt in PROMPTS:
+        for prompt in prompts:
             ids = torch.tensor([prompt])
             for _ in range(NEW_TOKENS):
                 logits = model(input_ids=ids).logits[0, -1]
@@ -93,11 +120,12 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     assert (
         out / "checkpoints" / f"step_{STEPS}" / LORA_ADAPTER_DIR / "adapter_config.json"
     ).is_file()
+    prompts = chat_prompt_ids(assets / "model")
     base = AutoModelForCausalLM.from_pretrained(assets / "model", dtype=torch.float32)
-    base_tokens = hf_greedy(base)
-    peft_tokens = hf_greedy(PeftModel.from_pretrained(base, adapter))
+    base_tokens = hf_greedy(base, prompts)
+    peft_tokens = hf_greedy(PeftModel.from_pretrained(base, adapter), prompts)
     merged = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
-    assert hf_greedy(merged) == peft_tokens  # the merged export is the adapted model
+    assert hf_greedy(merged, prompts) == peft_tokens  # the merged export is the adapted model
 
     env = {
         k: v
@@ -107,7 +135,7 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     child = subprocess.run(
         [sys.executable, "-c", _VLLM_GREEDY, str(assets / "model"), str(adapter),
-         json.dumps(PROMPTS), str(NEW_TOKENS)],
+         json.dumps(prompts), str(NEW_TOKENS)],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert child.returncode == 0, child.stderr[-3000:]
@@ -115,7 +143,33 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     vllm_tokens = json.loads(line.removeprefix("TOKENS "))
     print(f"greedy: base {base_tokens}, peft {peft_tokens}, vLLM+adapter {vllm_tokens}")
     assert vllm_tokens == peft_tokens
-    assert peft_tokens != base_tokens  # the adapter changed the model
+    # The adapter changed the model, on most prompts, not on one by chance.
+    changed = sum(p != b for p, b in zip(peft_tokens, base_tokens, strict=True))
+    assert changed > len(prompts) // 2, (base_tokens, peft_tokens)
+    # Not a degenerate probe: the continuations depend on the prompt, with and without it.
+    assert len({tuple(row) for row in base_tokens}) > 2, base_tokens
+    assert len({tuple(row) for row in peft_tokens}) > 1, peft_tokens
+
+
+def test_a_resumed_lora_run_reproduces_the_uninterrupted_one(
+    lora_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    assets, straight = lora_run
+    interrupted = tmp_path / "interrupted"
+    for steps in (STEPS - 1, STEPS):  # stop after step 2, then resume from its checkpoint
+        GRPOTrainer(lora_config(assets, interrupted, steps, "trainer.export_hf=false")).fit()
+    expected, resumed = read_metrics(straight), read_metrics(interrupted)
+    assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
+    # The resumed run starts a fresh engine, so its first sync sends the base again.
+    assert resumed[-1]["sync/tensors"] > ADAPTER_TENSORS
+    repeatable = [k for k in expected[-1] if not k.startswith((*UNREPEATABLE, "sync/"))]
+    assert len(repeatable) > 10
+    for key in repeatable:
+        assert resumed[-1][key] == expected[-1][key], key
+    adapter_file = Path(LORA_ADAPTER_DIR) / ADAPTER_WEIGHTS
+    final = [load_file(run / adapter_file) for run in (straight, interrupted)]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
 
 
 def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
