@@ -12,7 +12,7 @@ parameter: the largest shard), the decoder layers (names `...layers.N...`), the 
 parameters (embedding, final norm, LM head: gathered by FSDP2 for the whole forward), the
 largest tensor, the groups the weight sync gathers, and the LoRA adapters. The per-token
 sizes (KV cache, saved activations, working sets) are methods too; their derivation is in
-hybrid.memory.planner's docstring.
+hybrid.memory.planner_sizes's docstring.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class ModelShape:
         return _gather_peak(self, mode, bucket_bytes)
 
     # Per-token sizes (bytes); `cb` is the compute dtype's size. The derivation is in
-    # hybrid.memory.planner's docstring.
+    # hybrid.memory.planner_sizes's docstring.
 
     def kv_bytes_per_token(self, tp: int) -> int:
         """K and V of every layer in bf16, KV heads split by tensor parallelism."""

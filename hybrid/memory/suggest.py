@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybrid.memory.model_shape import ModelShape
-from hybrid.memory.planner import Plan, lora_rank_of, plan_memory
+from hybrid.memory.planner import Plan, plan_memory
+from hybrid.memory.planner_sizes import lora_rank_of
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
