@@ -7,7 +7,7 @@
 #   python -m profiling.plan --config-name qwen2_5_7b_lora_gsm8k_8gpu --model Qwen2.5-7B --gpu-memory-gib 80
 #   peak 49.38 GiB at rollout/generate (budget 78.50 GiB, margin +29.12 GiB): vLLM's 0.6 x 80 GiB
 #   plus the actor (1.81 GiB: bf16 base shard + adapters) and its AdamW state (0.08 GiB), kept
-#   on the device; trainer-side peak ref/forward 30.84 GiB (logits), update/backward 16.91 GiB;
+#   on the device; trainer-side peak ref/forward 8.58 GiB, update/backward 8.46 GiB;
 #   steady state: trainer 2.25 GiB, rollout 46.99 GiB; KV cache 37.50 GiB = 1,404,224 tokens
 #   (one rollout needs 491,520 per engine); sync: 0.15 GiB of adapters (the first: the base).
 # (The full output is in the README, "Will it fit?".)

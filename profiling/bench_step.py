@@ -1,14 +1,22 @@
 """Where a GRPO step's time goes on the demo config, and the mode switch's share of it.
 
-Runs the default config (configs/config.yaml: tiny model, arithmetic task, 2 CPU workers)
-for a number of steps and reports medians over the steps after the first (warm-up) of:
-gen (vLLM generation), sync (gather + load into the engine), mode switch (entering and
-leaving rollout mode apart from the weight transfer: wake/release, offload moves, RNG swap,
-prefix-cache reset, ledger), the rest of the rollout call (Ray, packing), ref, old_logprob,
-update. Last line: a JSON object. Target: mode-switch share < 5% of the step; the sync's own
-share is reported beside it.
+Runs the default config (configs/config.yaml: arithmetic task, 2 CPU workers) on the tiny
+model, or on `--preset bench-100m` (~100M parameters), for a number of steps and reports
+medians over the steps after the first (warm-up) of: gen (vLLM generation), sync (gather +
+load into the engine), mode switch (entering and leaving rollout mode apart from the weight
+transfer: wake/release, offload moves, RNG swap, prefix-cache reset, ledger), the rest of the
+rollout call (Ray, packing), ref, old_logprob (worker-side pass times), reward (driver, which
+overlaps the passes), scoring (the wall time of rewards + passes together), update. Target:
+mode-switch share < 5% of the step; the sync's own share is reported beside it.
 
-    python profiling/bench_step.py [--steps 30] [extra Hydra overrides...]
+--before-after runs the same config twice, one after the other: "before" with the trainer-side
+speed-ups off (padded passes, full logits, the old-log-prob pass always run), "after" as
+configured; it prints both splits and the after/before step-time ratio. Last line: a JSON
+object.
+
+    python profiling/bench_step.py [--steps 30] [--preset tiny] [extra Hydra overrides...]
+    python profiling/bench_step.py --before-after --preset bench-100m --steps 6 \
+        rollout.response_length=64 rollout.max_model_len=128
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 
@@ -27,67 +36,52 @@ from hybrid.main import build_config
 from hybrid.trainer.grpo import GRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
+# The trainer-side speed-ups off: what a step cost before them.
+BEFORE = (
+    "model.use_remove_padding=false",
+    "model.log_prob_chunk_tokens=0",
+    "algorithm.skip_old_log_prob=false",
+)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hybrid.models",
-                "--output-dir",
-                str(root / "model"),
-                "--vocab",
-                "arithmetic",
+def prepare(root: Path, preset: str) -> None:
+    """The model (arithmetic vocabulary) and the arithmetic dataset under `root`."""
+    model = [sys.executable, "-m", "hybrid.models", "--output-dir", str(root / "model")]
+    subprocess.run([*model, "--preset", preset, "--vocab", "arithmetic"], check=True)
+    data = [sys.executable, str(REPO / "examples/data/arithmetic.py")]
+    subprocess.run([*data, "--output-dir", str(root / "data")], check=True)
+
+
+def run_steps(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose(
+            "config",
+            overrides=[
+                f"model.path={root / 'model'}",
+                f"data.train_files=[{root / 'data' / 'train.parquet'}]",
+                "data.val_files=[]",
+                f"trainer.output_dir={root / name}",
+                f"trainer.total_steps={steps}",
+                "trainer.loggers=[jsonl]",
+                "trainer.val_before_train=false",
+                "trainer.export_hf=false",
+                *overrides,
             ],
-            check=True,
         )
-        subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "examples/data/arithmetic.py"),
-                "--output-dir",
-                str(root / "data"),
-            ],
-            check=True,
-        )
-        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-            cfg = compose(
-                "config",
-                overrides=[
-                    f"model.path={root / 'model'}",
-                    f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-                    "data.val_files=[]",
-                    f"trainer.output_dir={root / 'run'}",
-                    f"trainer.total_steps={args.steps}",
-                    "trainer.loggers=[jsonl]",
-                    "trainer.val_before_train=false",
-                    "trainer.export_hf=false",
-                    *args.overrides,
-                ],
-            )
-        GRPOTrainer(build_config(cfg)).fit()
-        rows = [
-            json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()
-        ][1:]
+    GRPOTrainer(build_config(cfg)).fit()
+    lines = (root / name / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines][1:]  # the first step warms up
 
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     def median(key: str) -> float:
         return statistics.median(row.get(key, 0.0) for row in rows)
 
     step = median("timing_s/step")
-    gen, sync, switch = (
-        median("timing_s/gen"),
-        median("timing_s/sync_gather") + median("timing_s/sync_load"),
-        median("timing_s/mode_switch"),
-    )
+    gen, switch = median("timing_s/gen"), median("timing_s/mode_switch")
+    sync = median("timing_s/sync_gather") + median("timing_s/sync_load")
     call = median("timing_s/rollout_call")
-    result = {
+    return {
         "steps_measured": len(rows),
         "step_s": round(step, 4),
         "gen_s": round(gen, 4),
@@ -99,10 +93,40 @@ def main() -> None:
         "rollout_call_rest_s": round(max(call - gen - sync - switch, 0.0), 4),
         "ref_s": round(median("timing_s/ref"), 4),
         "old_logprob_s": round(median("timing_s/old_log_prob"), 4),
+        "reward_s": round(median("timing_s/reward"), 4),
+        "scoring_s": round(median("timing_s/scoring"), 4),
         "update_s": round(median("timing_s/update_actor"), 4),
         "mode_switch_share": round(switch / step, 4),
         "sync_share": round(sync / step, 4),
+        "response_length_mean": round(median("response_length/mean"), 1),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
+    parser.add_argument("--before-after", action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        prepare(root, args.preset)
+        if not args.before_after:
+            result: dict[str, Any] = summarise(run_steps(root, "run", args.steps, args.overrides))
+        else:
+            before = summarise(run_steps(root, "before", args.steps, [*BEFORE, *args.overrides]))
+            print("before:", json.dumps(before), flush=True)
+            after = summarise(run_steps(root, "after", args.steps, args.overrides))
+            print("after:", json.dumps(after), flush=True)
+            result = {
+                "preset": args.preset,
+                "before": before,
+                "after": after,
+                "step_ratio_before_over_after": round(before["step_s"] / after["step_s"], 3),
+                "trainer_side_before_s": round(before["scoring_s"] + before["update_s"], 4),
+                "trainer_side_after_s": round(after["scoring_s"] + after["update_s"], 4),
+            }
     print(json.dumps(result))
 
 

@@ -104,8 +104,12 @@ class GroupMethod:
     spec: MethodSpec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        future = self.group.execute(self.member, self.name, self.spec, args, kwargs)
+        future = self.submit(*args, **kwargs)
         return future.get() if self.spec.blocking else future
+
+    def submit(self, *args: Any, **kwargs: Any) -> GroupFuture:
+        """Start the call on every rank and return at once (the driver works meanwhile)."""
+        return self.group.execute(self.member, self.name, self.spec, args, kwargs)
 
 
 class RayWorkerGroup:

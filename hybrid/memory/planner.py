@@ -30,10 +30,13 @@ Worked example: configs/qwen2_5_7b_gsm8k_8gpu.yaml (Qwen2.5-7B on 8 x 80 GiB, tp
   7.09 GiB AdamW state; vLLM weights 7.09 GiB per TP rank.
   Sync gather: layer 1.14 GiB (the 545M-element embedding, larger than a 233M layer), full
   14.3 GiB; the sync peaks at 12.1 GiB (actor onloaded + engine weights + gather).
-  Update backward (b = 4, 6,144 tokens): checkpointed activations 1.27 GiB, logits 10.4 GiB
-  (2 x 1.74 bf16 + 3 x 2.32 fp32), unsharded root + 2 layers 2.90 GiB, LM-head gradient
-  1.02 GiB, + 14.5 GiB resident -> 30.2 GiB. The reference forward (b = 16) reaches 30.7 GiB,
-  25.5 of it logits.
+  Update backward (b = 4: 6,144 tokens, 4,096 scored; chunks of 1,024): checkpointed
+  activations 1.27 GiB + 0.05 of scored hidden states and their gradient, the LM head's chunk
+  buffers 1.45 GiB (1,024 x V x (4 + 4 + 2)), unsharded root + 2 layers 2.90 GiB, LM-head
+  gradient 1.02 GiB + its fp32 accumulator 2.03 GiB, + 14.5 GiB resident -> 23.3 GiB (30.2
+  with model.log_prob_chunk_tokens=0: 10.4 GiB of full logits, 2 x 1.74 bf16 + 3 x 2.32
+  fp32). The reference forward (b = 16, 24,576 tokens) reaches 8.45 GiB, 3.42 of it a no-grad
+  layer's working set (30.7 with full logits, 25.5 of them).
   KV: U = 0.6 x 80 = 48 GiB - 7.09 weights - 0.36 overhead - 2.90 sampler reserve = 37.6 GiB
   = 1,409,856 tokens at 28 KiB per token, for 491,520 needed (320 sequences x 1,536).
   Peak: rollout/generate, 47.5 GiB; fits with a 31.0 GiB margin (budget 78.5 GiB).
@@ -43,11 +46,13 @@ all-linear adapters, adapter sync, layered; actor and optimizer state kept on th
   Adapters 28 layers x 32 x 90,112 (in + out of the seven projections) = 80,740,352 (1.06% of
   P): 10,092,544 per rank = 38.5 MiB fp32, as much gradient, 77 MiB AdamW state; with the
   1.77 GiB bf16 base shard, actor_params 1.81 GiB. vLLM weights 7.09 + 0.15 GiB adapter slots.
-  Sync gather: the adapters, 0.15 GiB (the first sync: the base's embedding, 1.02 GiB; merge
-  would gather 0.45 GiB and hold 1.07 GiB of merged copies and temporaries per layer).
-  Update backward: logits 10.4 + unsharded 2.91 + activations 1.27 + 2.28 resident -> 16.9 GiB
-  (30.2 with full fine-tuning). The reference forward stays at 30.8 GiB (25.5 of logits, the
-  actor's 1.81 in place of the reference's 1.77): the trainer-side peak.
+  Sync gather: one layer's adapters, 5.6 MiB (0.15 GiB for all of them; the first sync: the
+  base's embedding, 1.02 GiB; merge would gather 0.45 GiB and hold 1.07 GiB of merged copies
+  and temporaries per layer).
+  Update backward: its first layer's (activations 1.27 saved + 1.98 recomputed and gradients)
+  + unsharded 2.91 + 2.28 resident -> 8.46 GiB (23.3 with full fine-tuning). The reference
+  forward is the trainer-side peak at 8.58 GiB (the no-grad layer's 3.42, the actor's 1.81 in
+  place of the reference's 1.77).
   KV: 48 GiB - 7.24 weights - 0.36 overhead - 2.90 sampler reserve = 37.5 GiB = 1,404,224
   tokens. Peak: rollout/generate, 49.4 GiB (1.89 above full fine-tuning's: the actor and its
   AdamW state stay on the device); fits with a 29.1 GiB margin.
@@ -152,12 +157,12 @@ def _phases(w: WorkerSizes) -> dict[str, tuple[Bytes, Bytes]]:
     ref, ref_forward = on(), {}
     if c.actor.use_kl_loss:
         ref = on(actor=True) if w.ref_is_actor else on(ref=True)
-        ref_forward = w.scoring(c.ref.micro_batch_size, w.ref_cb, 2)
+        ref_forward = w.scoring("ref", w.ref_cb, 2)
     sync, rollout = on(actor=True, weights=True), on(weights=True, kv=True)
     update = on(actor=True, optimizer=True)
     with_grads = on(actor=True, optimizer=True, grads=True)
     # Gradients survive between micro-batches of a mini-batch (freed by the optimizer step).
-    accumulating = c.mini_batch_rows_per_worker > c.actor.micro_batch_size
+    accumulating = w.micro_batch("update").split
     phases = {
         "rollout/enter": (on(), {}),
         "sync/onload_actor": (on(actor=True), {}),
@@ -172,7 +177,7 @@ def _phases(w: WorkerSizes) -> dict[str, tuple[Bytes, Bytes]]:
         "ref/forward": (ref, ref_forward),
         "ref/offload": (ref, {}),
         "old_log_prob/onload": (on(actor=True), {}),
-        "old_log_prob/forward": (on(actor=True), w.scoring(c.actor.micro_batch_size, w.cb, 3)),
+        "old_log_prob/forward": (on(actor=True), w.scoring("old_log_prob", w.cb, 3)),
         "old_log_prob/offload": (on(actor=True), {}),
         "update/onload": (update, {}),
         "update/forward": (with_grads if accumulating else update, w.update_forward()),

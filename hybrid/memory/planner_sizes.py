@@ -5,7 +5,7 @@ them in the phases of a step and judges the fit; the derivation of every term is
 Per worker (one GPU), steady state (step >= 2: AdamW's state exists). Notation:
 W = trainer.num_workers, P = parameters, h / I / L / V = hidden size, MLP width, layers,
 vocabulary, kv = KV heads x head_dim, S = rollout.prompt_length + rollout.response_length,
-R = rollout.response_length, b = the micro-batch, cb = bytes of actor.param_dtype.
+R = rollout.response_length, cb = bytes of actor.param_dtype; T and n: see micro-batches.
 
 Resident (COMPONENTS names; what the code keeps where):
   actor_params     P/W x bytes(master_dtype): the FSDP2 full shard (rank 0 holds ceil(rows/W)
@@ -25,6 +25,16 @@ Resident (COMPONENTS names; what the code keeps where):
                    measured CPU report counts the process RSS, which includes them).
 
 Transient (the larger of a phase's moments, not their sum):
+  Micro-batches: each pass (reference, old log-probs, update) runs T tokens at once and
+  scores n response tokens, out of the m rows a worker holds for it (ceil(rows_per_step / W);
+  the update: its share of a mini-batch). By rows (b = the pass's micro_batch_size, at most
+  m): T = b x S, n = b x R; packing (model.use_remove_padding) runs the valid tokens only, but
+  its worst case is b full-length rows: the same bound. By token budget (use_dynamic_bsz,
+  B = the pass's *_max_token_len_per_gpu): at most min(B, m x S) valid tokens, which is T
+  when packed; padded, each row counts S however few valid tokens it has (>= 1), so
+  T = min(B, m) x S. Then n = min(valid, m x R), not valid x R / S: short prompts let
+  responses fill the budget. The update accumulates gradients when its rows may take more
+  than one micro-batch (b < m, or B < m x S).
   FSDP2 keeps the root (embedding, final norm, LM head) unsharded through forward and
   backward, and one decoder layer plus one prefetched: (root + 2 x layer) x cb. Backward holds
   the LM head's unsharded gradient (V x h x cb) until the embedding's closes the root group,
@@ -34,17 +44,23 @@ Transient (the larger of a phase's moments, not their sum):
     2 RMSNorms x (4h fp32 upcast + h x cb normalised) + attention (q, k, v after RoPE, the
     output, o_proj's input: (3h + 2kv) x cb) + SwiGLU (gate, silu, up, product: 4I x cb)
     A = 8h + cb x (5h + 2kv + 4I)   (18h + 4kv + 8I bytes in bf16)
-  Forward with grad saves b x S x (L x A + 4h + h x cb) (+ the final norm); with
-  model.gradient_checkpointing (one checkpoint per layer) b x S x (L x h x cb + 4h + h x cb),
-  and backward recomputes one layer (b x S x A) beside activation gradients
-  b x S x (2h + 3I) x cb. A no-grad layer's working set: b x S x (4h + cb x (3h + 3I)).
-  Logits: HF computes (b, S, V) in cb and `response_logits` keeps a view of it; log-prob and
-  entropy upcast the response slice (b, R, V) to fp32: 2 fp32 copies for a log-prob (copy,
-  logsumexp temporary), 3 with the entropy (copy, softmax, product), 4 in the update's
-  forward (the copy saved for backward + the entropy's 3; 5 with entropy_coeff > 0); backward
-  adds the (b, S, V) gradient in cb and 3 fp32 (saved copy, its gradient, the softmax).
-  b = ref.micro_batch_size for the reference, actor.micro_batch_size for old log-probs and the
-  update (at most the rows a worker has).
+  Forward with grad saves T x (L x A + 4h + h x cb) (+ the final norm); with
+  model.gradient_checkpointing (one checkpoint per layer) T x (L x h x cb + 4h + h x cb),
+  and backward recomputes one layer (T x A) beside activation gradients
+  T x (2h + 3I) x cb. A no-grad layer's working set: T x (4h + cb x (3h + 3I)).
+  Logits, model.log_prob_chunk_tokens = C > 0 (hybrid.workers.log_prob_head): the n scored
+  hidden states are gathered (n x h x cb; saved for the update's backward) and the LM head runs
+  c = min(C, n) rows at a time. Forward: 3 (c, V) fp32 buffers (logits, exp / probabilities, a
+  temporary), entropy or not. Backward recomputes each chunk: one (c, V) fp32 buffer (log p,
+  then dlogits, in place), the probabilities and dlogits cast to cb, c x V x (8 + cb), beside
+  the hidden-state gradient (n x h x cb) and, in full fine-tuning, an fp32 accumulator of the
+  LM head's gradient (V x h x 4) next to its cb result. No (T, V) tensor exists, and nothing
+  of the head's outlives its backward.
+  Logits, C = 0 (full logits): HF computes (T, V) in cb; log-prob and entropy upcast the
+  scored (n, V) to fp32: 2 fp32 copies for a log-prob (copy, logsumexp temporary), 3 with the
+  entropy (copy, softmax, product), 4 in the update's forward (the copy saved for backward +
+  the entropy's 3; 5 with entropy_coeff > 0); backward adds the (T, V) gradient in cb and 3
+  fp32 (saved copy, its gradient, the softmax), and the (T, V) logits stay until the end.
   Optimizer step: foreach AdamW (CUDA) allocates one trainable-shard-sized temporary in master
   dtype (sqrt(exp_avg_sq)); the for-loop version (CPU) the largest single shard.
   Sync (bf16): the largest group of the sync's own `group_parameters` (full = every parameter,
@@ -73,8 +89,9 @@ whose decoder linears are named otherwise, e.g. a fused qkv_proj, is under-count
 is frozen in param_dtype, the adapters are in master dtype and alone trainable:
 actor_params = P/W x cb + the adapter shard x bytes(master); actor_grads and optimizer_state
 cover the adapter shard only. No ref_params: the reference forward is the actor's with its
-adapters disabled (b = ref.micro_batch_size). FSDP2 unshards a layer's adapters with it;
-backward holds no LM-head or root gradient, and one layer's adapter gradients.
+adapters disabled (the reference's micro-batches). FSDP2 unshards a layer's adapters with it;
+backward holds no LM-head or root gradient (nor the chunked head's fp32 accumulator), and
+one layer's adapter gradients.
 sync.lora_mode=adapter starts vLLM with enable_lora: one slot of max_lora_rank (r rounded up to
 a size vLLM accepts) on all seven projections, whatever the targets, in bf16 in
 rollout_weights (unsplit by tp: an upper bound). Its sync (hybrid.sharding.lora_sync) gathers
@@ -93,7 +110,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, count, is_layer, layer_key
 from hybrid.memory.records import GIB
@@ -101,7 +118,15 @@ from hybrid.memory.records import GIB
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
 
-__all__ = ["Adapters", "Bytes", "WorkerSizes", "lora_rank_of", "lora_targets"]
+__all__ = [
+    "Adapters",
+    "Bytes",
+    "MicroBatch",
+    "PassName",
+    "WorkerSizes",
+    "lora_rank_of",
+    "lora_targets",
+]
 
 CPU_DEFAULT_UTILIZATION = 0.9
 """vLLM's own gpu_memory_utilization default (the engine passes ours only on CUDA)."""
@@ -112,11 +137,26 @@ CUDA_GRAPH_BYTES = 1 << 30
 """Rough size of vLLM's CUDA graphs when rollout.enforce_eager is false."""
 ENGINE_BYTES = 2
 """vLLM runs in bfloat16, and the sync gathers in bfloat16."""
+CHUNK_FORWARD_FP32 = 3
+"""(c, V) fp32 buffers of the scoring head's forward: logits, exp / probabilities, a temporary."""
 MERGE_BYTES_PER_ELEMENT = 12
 """hybrid.workers.lora.merge_into_base: W.float(), B @ A and its scaled copy, fp32, at once."""
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 Bytes = dict[str, int]
+PassName = Literal["ref", "old_log_prob", "update"]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The largest micro-batch of one pass (see the module docstring's micro-batches)."""
+
+    tokens: int
+    """T: tokens the model runs on (padded: rows x S)."""
+    scored: int
+    """n: response tokens scored (what the LM head sees in the chunked path)."""
+    split: bool
+    """Whether the pass's rows may take more than one micro-batch (the update accumulates)."""
 
 
 # --- LoRA adapters -------------------------------------------------------------------------
@@ -351,10 +391,47 @@ class WorkerSizes:
         )
         return largest * self.master
 
-    def logits(self, b: int, full: int, fp32_copies: int) -> int:
-        """`full` (b, S, V) tensors in the compute dtype + `fp32_copies` (b, R, V) in fp32."""
-        v, r = self.shape.vocab_size, self.config.rollout.response_length
-        return full * b * self.seq * v * self.cb + fp32_copies * b * r * v * 4
+    def logits(self, mb: MicroBatch, full: int, fp32_copies: int) -> int:
+        """Full-logits path: `full` (T, V) tensors in the compute dtype + `fp32_copies` (n, V)
+        in fp32 (with rows, T = b x S and n = b x R)."""
+        v = self.shape.vocab_size
+        return full * mb.tokens * v * self.cb + fp32_copies * mb.scored * v * 4
+
+    @property
+    def chunked(self) -> bool:
+        """Log-probs from the chunked scoring head (model.log_prob_chunk_tokens > 0)."""
+        return self.config.model.log_prob_chunk_tokens > 0
+
+    def head_chunk(self, mb: MicroBatch, backward: bool) -> int:
+        """The scoring head's (c, V) buffers: 3 fp32 in forward, fp32 + probabilities + the cb
+        cast of dlogits in backward."""
+        rows = min(self.config.model.log_prob_chunk_tokens, mb.scored)
+        per_logit = 2 * 4 + self.cb if backward else CHUNK_FORWARD_FP32 * 4
+        return rows * self.shape.vocab_size * per_logit
+
+    def micro_batch(self, name: PassName) -> MicroBatch:
+        """The largest micro-batch of a pass (see the module docstring)."""
+        c, seq, r = self.config, self.seq, self.config.rollout.response_length
+        a, ref = c.actor, c.ref
+        dynamic, budget, micro = {
+            "ref": (ref.use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, ref.micro_batch_size),
+            "old_log_prob": (
+                a.use_dynamic_bsz,
+                a.log_prob_max_token_len_per_gpu,
+                a.micro_batch_size,
+            ),
+            "update": (a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.micro_batch_size),
+        }[name]
+        rows = (
+            c.mini_batch_rows_per_worker if name == "update" else -(-c.rows_per_step // self.world)
+        )
+        if not dynamic:
+            b = min(micro, rows)
+            return MicroBatch(tokens=b * seq, scored=b * r, split=b < rows)
+        valid = min(budget, rows * seq)
+        # Padded, the budget bounds the valid tokens only: a row may hold a single one.
+        tokens = valid if c.model.use_remove_padding else min(budget, rows) * seq
+        return MicroBatch(tokens=tokens, scored=min(valid, rows * r), split=valid < rows * seq)
 
     def unsharded(self, dtype_bytes: int) -> int:
         """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
@@ -364,64 +441,81 @@ class WorkerSizes:
 
     # Trainer-side transients: a no-grad forward, the update's forward and backward.
 
-    def scoring(self, micro: int, dtype_bytes: int, fp32_copies: int) -> Bytes:
+    def scoring(self, name: PassName, dtype_bytes: int, fp32_copies: int) -> Bytes:
         """A no-grad forward (reference or old log-probs): the larger of a layer's working set
-        and the logits, beside the unsharded parameters."""
-        b = min(micro, -(-self.config.rows_per_step // self.world))
-        s, cb = self.shape, self.cb
-        tokens, unsharded = b * self.seq, self.unsharded(dtype_bytes)
+        and the LM head's (beside the final hidden states), with the unsharded parameters.
+        `fp32_copies`: of the full-logits path."""
+        mb, s, cb = self.micro_batch(name), self.shape, self.cb
+        unsharded = self.unsharded(dtype_bytes)
+        hidden = mb.tokens * s.hidden_size * cb
+        if self.chunked:  # + the gathered hidden states of the scored tokens
+            head = {
+                "activations": hidden + mb.scored * s.hidden_size * cb,
+                "logits": self.head_chunk(mb, backward=False),
+            }
+        else:
+            head = {"activations": hidden, "logits": self.logits(mb, 1, fp32_copies)}
         return _largest(
-            {"unsharded_params": unsharded, "activations": tokens * s.nograd_layer(cb)},
-            {
-                "unsharded_params": unsharded,
-                "activations": tokens * s.hidden_size * cb,
-                "logits": self.logits(b, 1, fp32_copies),
-            },
+            {"unsharded_params": unsharded, "activations": mb.tokens * s.nograd_layer(cb)},
+            {"unsharded_params": unsharded, **head},
         )
 
     def update_forward(self) -> Bytes:
-        b, s, cb = self.config.actor.micro_batch_size, self.shape, self.cb
-        saved = b * self.seq * s.saved_activations(cb, self.config.model.gradient_checkpointing)
-        fp32 = 4 + (1 if self.config.actor.entropy_coeff > 0 else 0)  # + the entropy's graph
+        mb, s, cb = self.micro_batch("update"), self.shape, self.cb
+        saved = mb.tokens * s.saved_activations(cb, self.config.model.gradient_checkpointing)
         base = {"unsharded_params": self.unsharded(cb), "activations": saved}
-        return _largest(
-            {**base, "logits": self.logits(b, 1, fp32)},
-            {**base, "activations": saved + b * self.seq * s.nograd_layer(cb)},
-        )
+        if self.chunked:  # the scored hidden states are saved for the head's backward
+            states = mb.scored * s.hidden_size * cb
+            head = {
+                **base,
+                "activations": saved + states,
+                "logits": self.head_chunk(mb, backward=False),
+            }
+        else:
+            fp32 = 4 + (1 if self.config.actor.entropy_coeff > 0 else 0)  # + the entropy's graph
+            head = {**base, "logits": self.logits(mb, 1, fp32)}
+        return _largest(head, {**base, "activations": saved + mb.tokens * s.nograd_layer(cb)})
 
     def update_backward(self) -> Bytes:
-        """The largest of three moments: the loss's backward through the logits; the first
+        """The largest of three moments: the loss's backward through the LM head; the first
         decoder layer's backward (recompute, activation and layer gradients); the root's
         reduce-scatter at the end (its parameters already resharded)."""
-        s, a, b = self.shape, self.config.actor, self.config.actor.micro_batch_size
-        cb, seq, lora = self.cb, self.seq, self.lora_rank > 0
+        s, a, mb = self.shape, self.config.actor, self.micro_batch("update")
+        cb, lora = self.cb, self.lora_rank > 0
         checkpointed = self.config.model.gradient_checkpointing
-        saved = b * seq * s.saved_activations(cb, checkpointed)
+        saved = mb.tokens * s.saved_activations(cb, checkpointed)
         recompute = s.layer_activations(cb) if checkpointed else 0
-        work = b * seq * (recompute + (2 * s.hidden_size + 3 * s.intermediate_size) * cb)
+        work = mb.tokens * (recompute + (2 * s.hidden_size + 3 * s.intermediate_size) * cb)
         reduce = cb + (_BYTES[a.reduce_dtype] if a.reduce_dtype != a.param_dtype else 0)
         # Until the embedding's gradient closes the root group, it holds the LM head's gradient;
         # with LoRA the root is frozen and only the adapters have gradients.
         head_grad = 0 if lora else s.vocab_size * s.hidden_size * cb
         layer_grads = (self.lora.layer if lora else s.largest_layer) * reduce
         unsharded = self.unsharded(cb)
-        return _largest(
-            {
-                "unsharded_params": unsharded,
+        if self.chunked:  # the saved states and their gradient; fp32 head-gradient accumulator
+            states = mb.scored * s.hidden_size * cb
+            head = {
+                "unsharded_grads": head_grad + (0 if lora else s.vocab_size * s.hidden_size * 4),
+                "activations": saved + 2 * states,
+                "logits": self.head_chunk(mb, backward=True),
+            }
+            kept = 0  # nothing of the head's outlives its backward
+        else:
+            head = {
                 "unsharded_grads": head_grad,
                 "activations": saved,
-                "logits": self.logits(b, 2, 3),
-            },
+                "logits": self.logits(mb, 2, 3),
+            }
+            kept = self.logits(mb, 1, 0)  # the (T, V) logits
+        return _largest(
+            {"unsharded_params": unsharded, **head},
             {
                 "unsharded_params": unsharded,
                 "unsharded_grads": head_grad + layer_grads,
                 "activations": saved + work,
-                "logits": self.logits(b, 1, 0),
+                "logits": kept,
             },
-            {
-                "unsharded_grads": (0 if lora else s.root_params) * reduce,
-                "logits": self.logits(b, 1, 0),
-            },
+            {"unsharded_grads": (0 if lora else s.root_params) * reduce, "logits": kept},
         )
 
 

@@ -5,7 +5,8 @@ pairs, triples ...: each valued change at its least drastic value that fits. A c
 kept only if no subset of it already fits, and sets are ranked by size, then by the cost of
 their costliest change. LoRA comes from the config (or the `lora_rank` override, as in
 `plan_memory`): the reference's changes drop out (there is none), and `sync.layered_summon`
-joins for the merge mode.
+joins for the merge mode. A pass with use_dynamic_bsz gets its token budget halved (down to
+the longest row, S) instead of its micro_batch_size.
 """
 
 from __future__ import annotations
@@ -34,23 +35,30 @@ class Suggestion:
 
 # The changes `suggest` tries, cheapest first (its cost order): a finer sync gather (or, for
 # LoRA's merge mode, a layered one) costs nothing but a few more collectives; the reference's
-# offload moves bf16 weights twice a
-# step; the optimizer's offload moves 2 x fp32 state twice a step; a smaller vLLM share only
-# lowers the KV cache (less concurrency when it was the limit); gradient checkpointing adds
-# ~1/3 to the update's compute; a smaller micro-batch runs smaller, slower kernels (the
-# reference's forward is a smaller share of a step than the update's); the actor's offload
-# moves its shards at every phase boundary.
+# offload moves bf16 weights twice a step; the optimizer's offload moves 2 x fp32 state twice
+# a step; a smaller vLLM share only lowers the KV cache (less concurrency when it was the
+# limit); the chunked log-prob head (when turned off) recomputes the LM head in backward, a
+# few percent of the update's compute; gradient checkpointing adds ~1/3 to it; a smaller
+# micro-batch (by rows, or by tokens with use_dynamic_bsz) runs smaller, slower kernels (the
+# no-grad passes are a smaller share of a step than the update); the actor's offload moves
+# its shards at every phase boundary.
 CHANGE_ORDER: tuple[str, ...] = (
     "sync.gather",
     "sync.layered_summon",
     "ref.param_offload",
     "actor.optimizer_offload",
     "rollout.gpu_memory_utilization",
+    "model.log_prob_chunk_tokens",
     "model.gradient_checkpointing",
     "ref.micro_batch_size",
+    "ref.log_prob_max_token_len_per_gpu",
+    "actor.log_prob_max_token_len_per_gpu",
     "actor.micro_batch_size",
+    "actor.ppo_max_token_len_per_gpu",
     "actor.param_offload",
 )
+CHUNK_TOKENS = 1024
+"""model.log_prob_chunk_tokens suggested for a config that has it off (its default)."""
 
 
 def _get(config: TrainerRunConfig, key: str) -> Any:
@@ -81,14 +89,22 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
         return [True] if gpu and not current and (uses_ref or key != "ref.param_offload") else []
     if key == "model.gradient_checkpointing":
         return [] if current else [True]
-    if key.endswith("micro_batch_size"):
-        halvings = [current >> k for k in range(1, current.bit_length())]
-        return halvings if c.actor.use_kl_loss or key.startswith("actor") else []
+    if key == "model.log_prob_chunk_tokens":
+        return [CHUNK_TOKENS] if current == 0 else []
     if key == "rollout.gpu_memory_utilization":  # the 0.05 grid, largest first
         usable = gpu and c.rollout.kv_cache_memory_bytes is None
         grid = [round(k * 0.05, 2) for k in range(19, 0, -1)]
         return [u for u in grid if abs(u - current) > 1e-9] if usable else []
-    raise AssertionError(f"unknown change {key}")
+    if not key.endswith(("micro_batch_size", "_max_token_len_per_gpu")):
+        raise AssertionError(f"unknown change {key}")
+    # Micro-batches: by rows, or by tokens with the section's use_dynamic_bsz.
+    section = c.ref if key.startswith("ref.") else c.actor
+    by_tokens = key.endswith("_max_token_len_per_gpu")
+    if section.use_dynamic_bsz != by_tokens or not (c.actor.use_kl_loss or section is c.actor):
+        return []  # the other kind of micro-batch, or no reference forward
+    least = c.rollout.prompt_length + c.rollout.response_length if by_tokens else 1
+    # Halvings; a token budget below the longest row (S tokens) is an error.
+    return [current >> k for k in range(1, current.bit_length()) if current >> k >= least]
 
 
 def _override(key: str, value: Any) -> str:

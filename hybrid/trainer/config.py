@@ -51,6 +51,10 @@ class AlgorithmConfig:
     """Divide by the group's std (GRPO); False is Dr.GRPO."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (times rollout.n rows), across all workers."""
+    skip_old_log_prob: bool = True
+    """When the update is on-policy (actor.ppo_epochs 1 and one mini-batch per step), take
+    the old log-probs from the update's own forward instead of a separate pass (the ratio is
+    exactly 1). False runs the pass anyway (the before/after benchmark)."""
 
     def __post_init__(self) -> None:
         check_choice("algorithm", "adv_estimator", self.adv_estimator, ("grpo",))
@@ -171,6 +175,16 @@ class TrainerRunConfig:
     def rows_per_step(self) -> int:
         """Samples per step: prompts x rollout.n."""
         return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def on_policy_update(self) -> bool:
+        """One epoch over one mini-batch: the old log-probs are the update's own (its ratio
+        is exactly 1), so the separate old-log-prob pass is skipped."""
+        return (
+            self.algorithm.skip_old_log_prob
+            and self.actor.ppo_epochs == 1
+            and self.algorithm.ppo_mini_batch_size == self.data.train_batch_size
+        )
 
     @property
     def mini_batch_rows_per_worker(self) -> int:

@@ -167,24 +167,27 @@ class GRPOTrainer:
         rollout = self.actor.generate_sequences(prompts)
         gen_s = time.perf_counter() - t0
 
+        # The workers score the rollout (ref, then old log-probs unless the update is
+        # on-policy) while the driver computes rewards and advantages.
+        t0 = time.perf_counter()
+        ref_future = (
+            self.reference.compute_ref_log_prob.submit(rollout) if c.actor.use_kl_loss else None
+        )
+        old_future = None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout)
         scores, metrics = self.rewards.score(rollout)
         uids = rollout["uid"]
         advantages = compute_grpo_advantages(scores, uids, norm_by_std=c.algorithm.norm_adv_by_std)
+        reward_s = time.perf_counter() - t0
         rollout = rollout.union(
             Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
         )
-        t0 = time.perf_counter()
-        if c.actor.use_kl_loss:
-            rollout = rollout.union(self.reference.compute_ref_log_prob(rollout))
-        ref_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        rollout = rollout.union(self.actor.compute_log_prob(rollout))
-        old_s = time.perf_counter() - t0
+        if ref_future is not None:
+            rollout = rollout.union(ref_future.get())
+        if old_future is not None:
+            rollout = rollout.union(old_future.get())
+        scoring_s = time.perf_counter() - t0
 
         mask = rollout["response_mask"]
-        diff_mean, diff_max = masked_stats(
-            rollout["rollout_log_probs"] - rollout["old_log_probs"], mask
-        )
         lengths = mask.sum(-1)
         order = balanced_order(rollout["attention_mask"].sum(-1), c.trainer.num_workers)
         t0 = time.perf_counter()
@@ -193,15 +196,23 @@ class GRPOTrainer:
         worker = reduce_over_ranks(self.actor.pop_metrics())
         step_s = time.perf_counter() - started
         tokens = float(rollout["attention_mask"].sum())
+        if not c.on_policy_update:  # else the update's own pass reported these
+            diff_mean, diff_max = masked_stats(
+                rollout["rollout_log_probs"] - rollout["old_log_probs"], mask
+            )
+            update.update(
+                {
+                    "rollout/logprob_diff_mean": diff_mean,
+                    "rollout/logprob_diff_max": diff_max,
+                    "actor/entropy_old": float(masked_mean(rollout["entropys"], mask)),
+                }
+            )
         metrics.update(update)
         metrics.update({k: v for k, v in worker.items() if k.startswith(("memory/", "sync/"))})
         metrics.update(
             {
                 "response_length/mean": float(lengths.float().mean()),
                 "response_length/max": float(lengths.max()),
-                "rollout/logprob_diff_mean": diff_mean,
-                "rollout/logprob_diff_max": diff_max,
-                "actor/entropy_old": float(masked_mean(rollout["entropys"], mask)),
                 "timing_s/step": step_s,
                 # The rollout call as the driver sees it: sync + generation + release + Ray.
                 "timing_s/rollout_call": gen_s,
@@ -210,8 +221,12 @@ class GRPOTrainer:
                 "timing_s/sync_gather": worker.get("timing_s/sync_gather", 0.0),
                 "timing_s/sync_load": worker.get("timing_s/sync_load", 0.0),
                 "timing_s/mode_switch": worker.get("timing_s/mode_switch", 0.0),
-                "timing_s/ref": ref_s,
-                "timing_s/old_log_prob": old_s,
+                # Worker-side pass times; the driver's rewards overlap them (timing_s/scoring
+                # is the wall time of both together).
+                "timing_s/ref": worker.get("timing_s/ref", 0.0),
+                "timing_s/old_log_prob": worker.get("timing_s/old_log_prob", 0.0),
+                "timing_s/reward": reward_s,
+                "timing_s/scoring": scoring_s,
                 "timing_s/update_actor": update_s,
                 "perf/throughput": tokens / step_s / c.trainer.num_workers,
             }

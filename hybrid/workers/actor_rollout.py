@@ -34,7 +34,7 @@ from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig, dtype_of
 from hybrid.workers.export import export_hf_model, write_hf_model
-from hybrid.workers.forward import score_responses
+from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.lora import adapted_modules, adapters_disabled, write_adapter
 from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
@@ -103,7 +103,31 @@ class ActorRolloutWorker(Worker):
             c.rollout.seed + self.rank,
             self.lora_sync,
         )
-        self.trainer = PolicyTrainer(self.model, self.optimizer, c.actor, self.ledger)
+        a = c.actor
+        self.update_pass = pass_config(
+            c.model,
+            a.micro_batch_size,
+            a.use_dynamic_bsz,
+            a.ppo_max_token_len_per_gpu,
+            "actor.ppo_max_token_len_per_gpu",
+        )
+        self.log_prob_pass = pass_config(
+            c.model,
+            a.micro_batch_size,
+            a.use_dynamic_bsz,
+            a.log_prob_max_token_len_per_gpu,
+            "actor.log_prob_max_token_len_per_gpu",
+        )
+        self.ref_pass = pass_config(
+            c.model,
+            c.ref.micro_batch_size,
+            c.ref.use_dynamic_bsz,
+            c.ref.log_prob_max_token_len_per_gpu,
+            "ref.log_prob_max_token_len_per_gpu",
+        )
+        self.trainer = PolicyTrainer(
+            self.model, self.optimizer, c.actor, self.update_pass, self.ledger
+        )
         self.modes.trainer_mode()  # start with the KV cache released and the actor offloaded
         offloader.offload_optimizer()
         offloader.offload_params()
@@ -226,10 +250,7 @@ class ActorRolloutWorker(Worker):
         with self.modes.trainer_phase("old_log_prob", caller="compute_log_prob"):
             self.model.eval()
             scored = score_responses(
-                self.model,
-                batch.to(self.parallel.device),
-                self.config.actor.micro_batch_size,
-                with_entropy=True,
+                self.model, batch.to(self.parallel.device), self.log_prob_pass, with_entropy=True
             )
             self.ledger.record("old_log_prob/forward")
         return Batch.from_dict(
@@ -249,10 +270,7 @@ class ActorRolloutWorker(Worker):
             self.model.eval()
             with adapters_disabled(self.model):
                 scored = score_responses(
-                    self.model,
-                    batch.to(self.parallel.device),
-                    self.config.ref.micro_batch_size,
-                    with_entropy=False,
+                    self.model, batch.to(self.parallel.device), self.ref_pass, with_entropy=False
                 )
             self.ledger.record("ref/forward")
         return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})

@@ -87,8 +87,19 @@ class ModelConfig:
     """Recompute decoder-layer activations in the backward pass."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters on the actor (off by default)."""
+    use_remove_padding: bool = True
+    """Actor and reference passes run on packed micro-batches (the valid tokens of several
+    sequences concatenated, attention kept within each sequence): no compute on padding."""
+    log_prob_chunk_tokens: int = 1024
+    """Tokens per chunk when log-probs and entropy are computed from hidden states (the LM
+    head applied chunk by chunk, never the full tokens x vocab logits); 0: full logits."""
 
     def __post_init__(self) -> None:
+        if self.log_prob_chunk_tokens < 0:
+            raise ValueError(
+                f"model.log_prob_chunk_tokens must be >= 0 (0 = full logits), "
+                f"got {self.log_prob_chunk_tokens}"
+            )
         check_choice(
             "model",
             "attn_implementation",
@@ -142,7 +153,13 @@ class ActorConfig:
     optimizer_offload: bool = False
     """Keep optimizer state on CPU outside the optimizer step (CUDA only; no-op on CPU)."""
     micro_batch_size: int = 4
-    """Rows per forward/backward pass on each rank."""
+    """Rows per forward/backward pass on each rank (without use_dynamic_bsz)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count instead of row count (the two budgets below)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: tokens (prompt + response) per update micro-batch."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: tokens per micro-batch of the old-log-prob pass."""
 
     def __post_init__(self) -> None:
         check_positive(
@@ -151,6 +168,8 @@ class ActorConfig:
             eps=self.eps,
             max_grad_norm=self.max_grad_norm,
             micro_batch_size=self.micro_batch_size,
+            ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu,
+            log_prob_max_token_len_per_gpu=self.log_prob_max_token_len_per_gpu,
         )
         check_range("actor", "clip_ratio_low", self.clip_ratio_low, 0.0, 1.0)
         check_positive("actor", clip_ratio_high=self.clip_ratio_high, ppo_epochs=self.ppo_epochs)
@@ -178,10 +197,18 @@ class RefConfig:
     param_dtype: Dtype = "bfloat16"
     """Dtype the frozen reference is stored and computed in."""
     micro_batch_size: int = 8
-    """Rows per forward pass."""
+    """Rows per forward pass (without use_dynamic_bsz)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count instead of row count."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: tokens (prompt + response) per micro-batch."""
 
     def __post_init__(self) -> None:
-        check_positive("ref", micro_batch_size=self.micro_batch_size)
+        check_positive(
+            "ref",
+            micro_batch_size=self.micro_batch_size,
+            log_prob_max_token_len_per_gpu=self.log_prob_max_token_len_per_gpu,
+        )
         check_choice("ref", "param_dtype", self.param_dtype, DTYPES)
 
 

@@ -1,41 +1,129 @@
 """Forward passes that score response tokens, micro-batch by micro-batch.
 
-Shapes: input_ids / attention_mask / position_ids (b, P + R); responses (b, R); outputs (b, R).
+Shapes: input_ids / attention_mask / position_ids (b, P + R); responses (b, R); outputs (b, R),
+zero where response_mask is 0.
+
+How a pass runs is a `PassConfig`: packed or padded inputs (hybrid.workers.packing), scores
+from the chunked scoring head or from full logits (hybrid.workers.log_prob_head), and
+micro-batches of a fixed row count or of a token budget (hybrid.workers.micro_batches).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from hybrid.algorithms.logprob import entropy_from_logits, log_probs_from_logits
 from hybrid.data import Batch
+from hybrid.workers.config import ModelConfig
+from hybrid.workers.log_prob_head import scoring_head
+from hybrid.workers.micro_batches import fixed_micro_batches, token_budget_micro_batches
+from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
 
 
-def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits that predict each response token: (b, R, vocab)."""
-    responses = batch.tensors["responses"]
-    output = model(
-        input_ids=batch.tensors["input_ids"],
-        attention_mask=batch.tensors["attention_mask"],
-        position_ids=batch.tensors["position_ids"],
-        use_cache=False,
+@dataclass(frozen=True)
+class PassConfig:
+    """How one rank runs a forward (and backward) pass over its rows."""
+
+    micro_batch_size: int
+    """Rows per micro-batch (when max_tokens is None)."""
+    packed: bool = True
+    """Run on the valid tokens only (model.use_remove_padding)."""
+    chunk_tokens: int = 1024
+    """Tokens per LM-head chunk of the scoring head; 0: full logits (model.log_prob_chunk_tokens)."""
+    max_tokens: int | None = None
+    """Token budget per micro-batch (use_dynamic_bsz), else None."""
+    budget_field: str = "max_tokens"
+    """The config field of max_tokens, for errors."""
+
+
+def pass_config(
+    model: ModelConfig,
+    micro_batch_size: int,
+    use_dynamic_bsz: bool,
+    max_tokens: int,
+    budget_field: str,
+) -> PassConfig:
+    return PassConfig(
+        micro_batch_size=micro_batch_size,
+        packed=model.use_remove_padding,
+        chunk_tokens=model.log_prob_chunk_tokens,
+        max_tokens=max_tokens if use_dynamic_bsz else None,
+        budget_field=budget_field,
     )
-    return output.logits[:, -responses.shape[1] - 1 : -1]
+
+
+@dataclass(frozen=True)
+class Scores:
+    log_probs: torch.Tensor  # (b, R)
+    entropy: torch.Tensor | None  # (b, R)
+    model_tokens: int  # tokens the model ran on
+
+
+def micro_batches(batch: Batch, config: PassConfig) -> list[list[int]]:
+    """Row indices of each micro-batch."""
+    if config.max_tokens is None:
+        return fixed_micro_batches(len(batch), config.micro_batch_size)
+    lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+    device = batch.tensors["attention_mask"].device
+    return token_budget_micro_batches(lengths, config.max_tokens, config.budget_field, device)
+
+
+def score_micro_batch(
+    model: torch.nn.Module,
+    micro: Batch,
+    config: PassConfig,
+    with_entropy: bool,
+    entropy_grad: bool = True,
+) -> Scores:
+    """Log-probs (and entropy) of the micro-batch's responses; differentiable if grad is on
+    (the entropy only with `entropy_grad`: the full-logits baseline keeps (n, vocab)
+    probabilities alive for its backward otherwise)."""
+    inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
+    if config.chunk_tokens:
+        with scoring_head(
+            model, inputs.score_index, inputs.labels, config.chunk_tokens, with_entropy
+        ):
+            scored = _run(model, inputs)
+        log_probs, entropy = scored[:, 0], scored[:, 1] if with_entropy else None
+    else:  # the full (rows, width, vocab) logits: the baseline the chunked head replaces
+        logits = _run(model, inputs).flatten(0, 1)[inputs.score_index]
+        log_probs = log_probs_from_logits(logits, inputs.labels)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = entropy_from_logits(logits) if with_entropy else None
+    return Scores(
+        log_probs=inputs.scatter(log_probs),
+        entropy=None if entropy is None else inputs.scatter(entropy),
+        model_tokens=inputs.num_tokens,
+    )
+
+
+def _run(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
+    return model(
+        input_ids=inputs.input_ids,
+        attention_mask=inputs.attention_mask,
+        position_ids=inputs.position_ids,
+        use_cache=False,
+    ).logits
 
 
 @torch.no_grad()
 def score_responses(
-    model: torch.nn.Module, batch: Batch, micro_batch_size: int, with_entropy: bool
+    model: torch.nn.Module, batch: Batch, config: PassConfig, with_entropy: bool
 ) -> dict[str, torch.Tensor]:
-    """Log-probs (and entropy) of `responses` under `model`, in micro-batches."""
-    log_probs, entropies = [], []
-    for start in range(0, len(batch), micro_batch_size):
-        micro = batch[start : start + micro_batch_size]
-        logits = response_logits(model, micro)
-        log_probs.append(log_probs_from_logits(logits, micro.tensors["responses"]))
-        if with_entropy:
-            entropies.append(entropy_from_logits(logits))
-    out = {"log_probs": torch.cat(log_probs)}
+    """Log-probs (and entropy) of `responses` under `model`, in row order."""
+    shape = batch.tensors["responses"].shape
+    device = batch.tensors["responses"].device
+    log_probs = torch.zeros(shape, dtype=torch.float32, device=device)
+    entropy = torch.zeros(shape, dtype=torch.float32, device=device)
+    for rows in micro_batches(batch, config):
+        scores = score_micro_batch(model, batch[rows], config, with_entropy)
+        index = torch.tensor(rows, device=device)
+        log_probs[index] = scores.log_probs
+        if scores.entropy is not None:
+            entropy[index] = scores.entropy
+    out = {"log_probs": log_probs}
     if with_entropy:
-        out["entropy"] = torch.cat(entropies)
+        out["entropy"] = entropy
     return out

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from hybrid.algorithms.kl import kl_penalty
-from hybrid.algorithms.logprob import entropy_from_logits, log_probs_from_logits
 from hybrid.algorithms.policy_loss import (
     aggregate_loss,
     compose_actor_loss,
@@ -27,7 +26,7 @@ from hybrid.algorithms.policy_loss import (
 from hybrid.data import Batch
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.workers.config import ActorConfig
-from hybrid.workers.forward import response_logits
+from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
 
 UPDATE_KEYS = (
@@ -36,7 +35,6 @@ UPDATE_KEYS = (
     "position_ids",
     "responses",
     "response_mask",
-    "old_log_probs",
     "advantages",
 )
 
@@ -47,11 +45,13 @@ class PolicyTrainer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         config: ActorConfig,
+        pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.config = config
+        self.pass_config = pass_config
         self.ledger = ledger
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -59,7 +59,7 @@ class PolicyTrainer:
         required = list(UPDATE_KEYS)
         if self.config.use_kl_loss:
             required.append("ref_log_prob")
-        if self.config.tis_cap is not None:
+        if self.config.tis_cap is not None or "old_log_probs" not in batch:
             required.append("rollout_log_probs")
         missing = [key for key in required if key not in batch]
         if missing:
@@ -68,6 +68,12 @@ class PolicyTrainer:
         size = self.config.mini_batch_size or len(batch)
         if len(batch) % size:
             raise ValueError(f"{len(batch)} rows per rank do not split into mini-batches of {size}")
+        if "old_log_probs" not in batch and (self.config.ppo_epochs > 1 or size < len(batch)):
+            raise KeyError(
+                "update_actor needs old_log_probs unless the update is on-policy (ppo_epochs=1 "
+                f"and one mini-batch); here ppo_epochs={self.config.ppo_epochs}, "
+                f"{len(batch) // size} mini-batches"
+            )
         steps: list[dict[str, float]] = []
         for _ in range(self.config.ppo_epochs):
             for start in range(0, len(batch), size):
@@ -80,17 +86,27 @@ class PolicyTrainer:
         global_tokens = _global_sum(float(mini.tensors["response_mask"].sum()), device)
         global_seqs = _global_sum(float(len(mini)), device)
         scale = dist.get_world_size() if dist.is_initialized() else 1
+        # Without old log-probs the update is on-policy (one epoch, one mini-batch): they are
+        # this pass's own, detached; the ratio is exactly 1 and the extra pass is skipped.
+        on_policy = "old_log_probs" not in mini
         totals = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
         fractions: dict[str, float] = {}
-        for index, start in enumerate(range(0, len(mini), c.micro_batch_size)):
-            micro = mini[start : start + c.micro_batch_size]
+        first_pass = FirstPassStats()
+        for index, rows in enumerate(micro_batches(mini, self.pass_config)):
+            micro = mini[rows]
             mask = micro.tensors["response_mask"]
-            logits = response_logits(self.model, micro)
-            log_prob = log_probs_from_logits(logits, micro.tensors["responses"])
+            scores = score_micro_batch(
+                self.model, micro, self.pass_config, True, entropy_grad=c.entropy_coeff > 0
+            )
+            log_prob = scores.log_probs
+            assert scores.entropy is not None
+            old_log_prob = log_prob.detach() if on_policy else micro.tensors["old_log_probs"]
+            if on_policy:
+                first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
             advantages = micro.tensors["advantages"]
             if c.tis_cap is not None:
                 weights = truncated_importance_weights(
-                    micro.tensors["old_log_probs"], micro.tensors["rollout_log_probs"], c.tis_cap
+                    old_log_prob, micro.tensors["rollout_log_probs"], c.tis_cap
                 )
                 # A positive per-token weight on the advantage scales both clip branches alike.
                 advantages = (
@@ -102,7 +118,7 @@ class PolicyTrainer:
 
             pg_loss, pg_metrics = policy_loss(
                 log_prob,
-                micro.tensors["old_log_probs"],
+                old_log_prob,
                 advantages,
                 mask,
                 clip_ratio_low=c.clip_ratio_low,
@@ -112,8 +128,7 @@ class PolicyTrainer:
                 global_tokens=global_tokens,
                 global_seqs=global_seqs,
             )
-            with torch.set_grad_enabled(c.entropy_coeff > 0):
-                entropy = aggregate(entropy_from_logits(logits))
+            entropy = aggregate(scores.entropy)
             kl: torch.Tensor | float = 0.0
             if c.use_kl_loss:
                 kl = aggregate(kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type))
@@ -133,6 +148,7 @@ class PolicyTrainer:
         return {
             **totals,
             **fractions,
+            **(first_pass.metrics(device) if on_policy else {}),
             "actor/grad_norm": grad_norm,
             "actor/step_applied": float(applied),
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
@@ -150,3 +166,36 @@ def _global_sum(value: float, device: torch.device) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return float(tensor.item())
+
+
+class FirstPassStats:
+    """What the skipped old-log-prob pass would have reported, from the update's own pass:
+    |rollout - actor| log-prob gaps and the actor's entropy, over every rank's tokens."""
+
+    def __init__(self) -> None:
+        self.diff_sum = self.diff_max = self.entropy_sum = self.tokens = 0.0
+
+    def add(self, micro: Batch, log_prob: torch.Tensor, entropy: torch.Tensor) -> None:
+        mask = micro.tensors["response_mask"].bool()
+        diff = (micro.tensors["rollout_log_probs"] - log_prob).abs()[mask]
+        if diff.numel():
+            self.diff_sum += float(diff.sum())
+            self.diff_max = max(self.diff_max, float(diff.max()))
+        self.entropy_sum += float(entropy[mask].sum())
+        self.tokens += float(mask.sum())
+
+    def metrics(self, device: torch.device) -> dict[str, float]:
+        sums = torch.tensor(
+            [self.diff_sum, self.entropy_sum, self.tokens], dtype=torch.float64, device=device
+        )
+        peak = torch.tensor([self.diff_max], dtype=torch.float64, device=device)
+        if dist.is_initialized():
+            dist.all_reduce(sums)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        diff_sum, entropy_sum, tokens = sums.tolist()
+        tokens = max(tokens, 1.0)
+        return {
+            "rollout/logprob_diff_mean": diff_sum / tokens,
+            "rollout/logprob_diff_max": float(peak.item()),
+            "actor/entropy_old": entropy_sum / tokens,
+        }

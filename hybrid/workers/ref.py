@@ -8,7 +8,7 @@ from hybrid.memory.components import ByDevice, parameter_bytes
 from hybrid.memory.ledger import process_ledger
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.config import HybridWorkerConfig, dtype_of
-from hybrid.workers.forward import score_responses
+from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model
 from hybrid.workers.parallel import init_parallel
 
@@ -34,6 +34,13 @@ class ReferenceWorker(Worker):
             attn_implementation=c.model.attn_implementation,
             trainable=False,
         )
+        self.pass_config = pass_config(
+            c.model,
+            c.ref.micro_batch_size,
+            c.ref.use_dynamic_bsz,
+            c.ref.log_prob_max_token_len_per_gpu,
+            "ref.log_prob_max_token_len_per_gpu",
+        )
         self.ledger.track("ref", self._components)
         self.offloader = Offloader(
             self.model, None, self.device, c.ref.param_offload, optimizer_offload=False
@@ -51,10 +58,7 @@ class ReferenceWorker(Worker):
             self.ledger.record("ref/onload")
             try:
                 scored = score_responses(
-                    self.model,
-                    batch.to(self.device),
-                    self.config.ref.micro_batch_size,
-                    with_entropy=False,
+                    self.model, batch.to(self.device), self.pass_config, with_entropy=False
                 )
                 self.ledger.record("ref/forward")
             finally:

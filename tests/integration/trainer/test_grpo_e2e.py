@@ -138,6 +138,60 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
         assert resumed[2][key] == expected[2][key], key
 
 
+# The trainer-side speed-ups, each against the padded full-logit passes they replace.
+PASS_VARIANTS = {
+    "padded": ("model.use_remove_padding=false", "model.log_prob_chunk_tokens=0"),
+    "packed": (),
+    "packed_dynamic": ("actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=48",
+                       "actor.log_prob_max_token_len_per_gpu=48", "ref.use_dynamic_bsz=true",
+                       "ref.log_prob_max_token_len_per_gpu=48"),
+}  # fmt: skip
+# What a different packing may change: bf16 rounding in the actor's passes.
+BF16_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/entropy_old",
+                "actor/grad_norm", "rollout/logprob_diff_mean", "rollout/logprob_diff_max")  # fmt: skip
+
+
+def test_packing_and_token_budgets_keep_the_first_step(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    first = {}
+    for name, overrides in PASS_VARIANTS.items():
+        out = tmp_path / name
+        config = make_config(
+            assets, out, "trainer.total_steps=1", "trainer.export_hf=false", *overrides
+        )
+        assert not config.on_policy_update  # 2 mini-batches: the old-log-prob pass runs
+        GRPOTrainer(config).fit()
+        first[name] = read_metrics(out)[0]
+    padded = first["padded"]
+    exact = [k for k in padded if k.startswith(("reward/", "response_length/"))]
+    assert len(exact) >= 3
+    for name in ("packed", "packed_dynamic"):
+        for key in exact:  # the same rollout: generation does not depend on the passes
+            assert first[name][key] == padded[key], (name, key)
+        gaps = {key: abs(first[name][key] - padded[key]) for key in BF16_METRICS}
+        print(f"{name} vs padded, first step: {gaps}")
+        for key, gap in gaps.items():
+            assert gap <= 0.02 * max(abs(padded[key]), 1.0), (name, key, gap)
+
+
+def test_an_on_policy_step_skips_the_old_log_prob_pass(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    config = make_config(
+        assets, tmp_path, "trainer.total_steps=1", "trainer.export_hf=false",
+        "algorithm.ppo_mini_batch_size=4",  # one mini-batch: on-policy
+    )  # fmt: skip
+    assert config.on_policy_update
+    GRPOTrainer(config).fit()
+    metrics = read_metrics(tmp_path)[0]
+    assert metrics["timing_s/old_log_prob"] == 0.0  # no worker ran the pass
+    assert metrics["actor/pg_clipfrac"] == 0.0  # the ratio is exactly 1
+    print(f"on-policy step: rollout/logprob_diff_max {metrics['rollout/logprob_diff_max']:.4f}")
+    assert 0.0 < metrics["rollout/logprob_diff_max"] < 0.05
+    assert metrics["actor/entropy_old"] > 0.0
+
+
 def test_bad_inputs_fail_before_workers_start(assets: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data\.train_files: .*missing\.parquet does not exist"):
         make_config(assets, tmp_path, f"data.train_files=[{tmp_path / 'missing.parquet'}]")

@@ -17,7 +17,13 @@ from hybrid.data.prompts import chat_prompts
 from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
-from hybrid.workers.config import ActorConfig, HybridWorkerConfig, LoraConfig, ModelConfig
+from hybrid.workers.config import (
+    ActorConfig,
+    HybridWorkerConfig,
+    LoraConfig,
+    ModelConfig,
+    RefConfig,
+)
 from hybrid.workers.ref import ReferenceWorker
 from tests.integration.workers.hybrid_workers import InspectableActorRollout
 
@@ -30,6 +36,9 @@ def worker_config(
     return HybridWorkerConfig(
         model=ModelConfig(path=str(model_dir), lora=LoraConfig(rank=lora_rank)),
         actor=ActorConfig(lr=lr, micro_batch_size=2),
+        # The same micro-batches on every side: bf16 passes over packed micro-batches are
+        # bit-identical across passes only when the rows are packed together alike.
+        ref=RefConfig(micro_batch_size=2),
         rollout=RolloutConfig(prompt_length=32, response_length=8, max_model_len=128, seed=0),
         sync=sync or SyncConfig(),
     )

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.workers.config import ActorConfig
+from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.sequences import position_ids_from_mask
 
@@ -50,12 +51,20 @@ def _batch(rows: int = 4, prompt: int = 3, response: int = 4) -> Batch:
 
 
 def _update(
-    model: torch.nn.Module, config: ActorConfig, batch: Batch
+    model: torch.nn.Module, config: ActorConfig, batch: Batch, passes: PassConfig | None = None
 ) -> tuple[dict[str, float], torch.nn.Module]:
     fresh = copy.deepcopy(model)
     # SGD: the step is the gradient itself (AdamW would blow rounding noise up to lr-sized steps).
     optimizer = torch.optim.SGD(fresh.parameters(), lr=1e-2)
-    return PolicyTrainer(fresh, optimizer, config).update(batch), fresh
+    passes = passes or PassConfig(micro_batch_size=config.micro_batch_size)
+    return PolicyTrainer(fresh, optimizer, config, passes).update(batch), fresh
+
+
+def _same_step(a: torch.nn.Module, b: torch.nn.Module, atol: float = 1e-6) -> bool:
+    return all(
+        torch.allclose(pa, pb, atol=atol)
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True)
+    )
 
 
 def test_micro_batch_size_does_not_change_the_step(model: torch.nn.Module) -> None:
@@ -63,8 +72,52 @@ def test_micro_batch_size_does_not_change_the_step(model: torch.nn.Module) -> No
     split, b = _update(model, ActorConfig(micro_batch_size=1, max_grad_norm=1e9), _batch())
     assert whole["actor/pg_loss"] == pytest.approx(split["actor/pg_loss"], abs=1e-6)
     assert whole["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-4)
-    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
-        assert torch.allclose(pa, pb, atol=1e-6)
+    assert _same_step(a, b)
+
+
+@pytest.mark.parametrize(
+    "passes",
+    [
+        PassConfig(micro_batch_size=2, packed=False, chunk_tokens=0),
+        PassConfig(micro_batch_size=2, packed=True, chunk_tokens=3),
+        PassConfig(micro_batch_size=2, packed=True, chunk_tokens=3, max_tokens=14),
+    ],
+    ids=["padded full logits", "packed chunked", "packed chunked token budget"],
+)
+def test_the_step_does_not_depend_on_how_the_pass_runs(
+    model: torch.nn.Module, passes: PassConfig
+) -> None:
+    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9, entropy_coeff=0.01)
+    reference, a = _update(model, config, _batch(), PassConfig(micro_batch_size=4))
+    got, b = _update(model, config, _batch(), passes)
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+        assert got[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-6), key
+    assert _same_step(a, b)
+
+
+def test_an_on_policy_update_skips_the_old_log_prob_pass(model: torch.nn.Module) -> None:
+    batch = _batch()
+    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9)
+    passes = PassConfig(micro_batch_size=2)
+    current = score_responses(model, batch, passes, with_entropy=True)
+    kept = [key for key in batch.keys() if key != "old_log_probs"]  # noqa: SIM118 (a Batch)
+    without = batch.select(kept)
+    with_old = without.union(Batch.from_dict({"old_log_probs": current["log_probs"]}))
+    separate, a = _update(model, config, with_old, passes)
+    skipped, b = _update(model, config, without, passes)
+    assert skipped["actor/pg_loss"] == pytest.approx(separate["actor/pg_loss"], abs=1e-6)
+    assert skipped["actor/pg_clipfrac"] == 0.0  # the ratio is exactly 1
+    assert _same_step(a, b)
+    # The skipped pass's metrics come from the update's own forward.
+    mask = batch.tensors["response_mask"].bool()
+    gaps = (batch.tensors["rollout_log_probs"] - current["log_probs"]).abs()[mask]
+    assert skipped["rollout/logprob_diff_max"] == pytest.approx(float(gaps.max()), rel=1e-5)
+    assert skipped["rollout/logprob_diff_mean"] == pytest.approx(float(gaps.mean()), rel=1e-5)
+    entropy_old = float(current["entropy"][mask].mean())
+    assert skipped["actor/entropy_old"] == pytest.approx(entropy_old, rel=1e-5)
+    # More than one optimizer step needs the old log-probs of before the first one.
+    with pytest.raises(KeyError, match="old_log_probs unless the update is on-policy"):
+        _update(model, ActorConfig(micro_batch_size=2, ppo_epochs=2), without, passes)
 
 
 def test_kl_entropy_and_tis_compose(model: torch.nn.Module) -> None:

@@ -1,0 +1,88 @@
+"""What the model reads for one micro-batch, padded or packed, and where the scores go back.
+
+Padded layout (hybrid.workers.sequences): row i = [left-padded prompt (P)][right-padded
+response (R)], width S = P + R. Packed layout: the valid tokens of every row concatenated into
+one row of T tokens, position ids restarting at 0 at each sequence. transformers derives a
+block-causal mask from such position ids when no attention mask is given (sdpa; flash-attn
+varlen takes its cu_seqlens from them), so attention never crosses sequences and no FLOP is
+spent on padding.
+
+Either way only the n valid response tokens are scored: `score_index` holds, in the flattened
+(rows x width) input, the position whose hidden state predicts each of them, `labels` the
+tokens, and `target` where each score goes in the flattened (b, R) output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybrid.data import Batch
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    input_ids: torch.Tensor  # (rows, width): (b, S) padded, (1, T) packed
+    position_ids: torch.Tensor  # (rows, width)
+    attention_mask: torch.Tensor | None  # (b, S) padded; None packed (the ids carry the mask)
+    score_index: torch.Tensor  # (n,) into the flattened (rows x width) hidden states
+    labels: torch.Tensor  # (n,) the response tokens scored
+    target: torch.Tensor  # (n,) into the flattened (b x R) output
+    response_shape: tuple[int, int]  # (b, R)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the model runs on (padding included when padded)."""
+        return self.input_ids.numel()
+
+    def scatter(self, scores: torch.Tensor) -> torch.Tensor:
+        """(n,) scores to (b, R), zero at padding; differentiable."""
+        b, r = self.response_shape
+        flat = scores.new_zeros(b * r).index_put((self.target,), scores)
+        return flat.view(b, r)
+
+
+def _response_tokens(micro: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(rows, cols) of the valid response tokens, their ids, and the prompt width P."""
+    responses = micro.tensors["responses"]
+    rows, cols = micro.tensors["response_mask"].nonzero(as_tuple=True)
+    prompt_width = micro.tensors["input_ids"].shape[1] - responses.shape[1]
+    return rows, cols, responses[rows, cols], prompt_width
+
+
+def padded_inputs(micro: Batch) -> ModelInputs:
+    t = micro.tensors
+    rows, cols, labels, prompt_width = _response_tokens(micro)
+    width = t["input_ids"].shape[1]
+    return ModelInputs(
+        input_ids=t["input_ids"],
+        position_ids=t["position_ids"],
+        attention_mask=t["attention_mask"],
+        score_index=rows * width + prompt_width - 1 + cols,
+        labels=labels,
+        target=rows * t["responses"].shape[1] + cols,
+        response_shape=tuple(t["responses"].shape),  # type: ignore[arg-type]
+    )
+
+
+def packed_inputs(micro: Batch) -> ModelInputs:
+    t = micro.tensors
+    valid = t["attention_mask"].bool()
+    rows, cols, labels, prompt_width = _response_tokens(micro)
+    empty = (~valid[:, :prompt_width].any(dim=1)).nonzero().flatten().tolist()
+    if empty:
+        # Nothing would precede the first response token: there is no state to score it from.
+        raise ValueError(f"rows {empty} have an empty prompt (attention_mask is 0 over it)")
+    # Row-major order: the packed index of each valid token is its rank among valid tokens.
+    packed_index = valid.flatten().cumsum(0) - 1
+    width = valid.shape[1]
+    return ModelInputs(
+        input_ids=t["input_ids"][valid].unsqueeze(0),
+        position_ids=t["position_ids"][valid].unsqueeze(0),
+        attention_mask=None,
+        score_index=packed_index[rows * width + prompt_width - 1 + cols],
+        labels=labels,
+        target=rows * t["responses"].shape[1] + cols,
+        response_shape=tuple(t["responses"].shape),  # type: ignore[arg-type]
+    )

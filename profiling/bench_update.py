@@ -1,0 +1,262 @@
+"""Trainer-side speed: padded vs packed vs packed + token-budget micro-batches.
+
+Default mode: the actor update (forward, backward, optimizer step) and the no-grad log-prob
+pass of a ~100M-parameter Qwen2 (`bench-100m`) under FSDP2 on 2 CPU ranks (gloo, one thread
+each), on a batch whose lengths follow a GSM8K-like spread (prompts 60-250 tokens, responses
+20-400), left/right-padded as the rollout delivers it. Variants, interleaved round by round:
+  padded:          fixed micro-batches of rows, padding included, full logits (the old path)
+  packed:          the same micro-batches, valid tokens only, chunked log-prob head
+  packed_dynamic:  packed, micro-batches by token budget (--max-tokens per micro-batch)
+Tokens/s counts valid tokens (prompt + response) over the slowest rank's median seconds.
+Target: packed_dynamic >= 1.5x padded on the update.
+
+--logprob-memory: peak memory of the no-grad log-prob pass of one process on a model with a
+32k vocabulary, full logits vs the chunked head (same packed inputs; the padded full-logit
+pass beside them). Peak = the highest RSS sampled every millisecond during the pass, minus
+the RSS before it. Target: chunked <= 1/4 of full.
+
+Last line: a JSON object with every figure.
+
+    python profiling/bench_update.py [--rounds 3] [--rows-per-rank 8]
+    python profiling/bench_update.py --logprob-memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybrid.data import Batch
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.workers.config import ActorConfig
+from hybrid.workers.forward import PassConfig, score_responses
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.sequences import position_ids_from_mask
+
+PROMPT_WIDTH, RESPONSE_WIDTH = 250, 400
+WORLD = 2
+
+
+def gsm8k_like_batch(rows: int, vocab: int, seed: int) -> Batch:
+    """Prompts of 60-250 tokens left-padded to 250, responses of 20-400 right-padded to 400."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(60, PROMPT_WIDTH + 1, (rows,), generator=g)
+    response_lengths = torch.randint(20, RESPONSE_WIDTH + 1, (rows,), generator=g)
+    prompt_mask = (torch.arange(PROMPT_WIDTH) >= PROMPT_WIDTH - prompt_lengths[:, None]).long()
+    response_mask = (torch.arange(RESPONSE_WIDTH) < response_lengths[:, None]).long()
+    mask = torch.cat([prompt_mask, response_mask], dim=1)
+    ids = torch.randint(1, vocab, mask.shape, generator=g) * mask
+    log_probs = -torch.rand((rows, RESPONSE_WIDTH), generator=g) - 1.0
+    return Batch.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": position_ids_from_mask(mask),
+            "responses": ids[:, PROMPT_WIDTH:],
+            "response_mask": response_mask,
+            "old_log_probs": log_probs,
+            "rollout_log_probs": log_probs,
+            "advantages": torch.randn(rows, generator=g),
+        }
+    )
+
+
+def variants(micro_batch_size: int, max_tokens: int) -> dict[str, PassConfig]:
+    return {
+        "padded": PassConfig(micro_batch_size, packed=False, chunk_tokens=0),
+        "packed": PassConfig(micro_batch_size, packed=True, chunk_tokens=1024),
+        "packed_dynamic": PassConfig(
+            micro_batch_size, packed=True, chunk_tokens=1024, max_tokens=max_tokens
+        ),
+    }
+
+
+# --- update speed (2 gloo ranks) ---------------------------------------------------------
+
+
+def _rank_main(rank: int, port: int, model_dir: str, args: argparse.Namespace, out: str) -> None:
+    torch.set_num_threads(1)  # 2 ranks on 2 cores
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
+        model = build_fsdp_model(model_dir, mesh, torch.device("cpu"))
+        optimizer = build_optimizer(model, 1e-7, 0.0, (0.9, 0.999), 1e-8)
+        config = ActorConfig(micro_batch_size=args.micro_batch_size, lr=1e-7)
+        batch = gsm8k_like_batch(args.rows_per_rank, 272, seed=rank)
+        passes = variants(args.micro_batch_size, args.max_tokens)
+        seconds: dict[str, dict[str, list[float]]] = {
+            name: {"update": [], "log_prob": []} for name in passes
+        }
+        for round_index in range(args.rounds + 1):  # round 0 warms up
+            for name, pass_config in passes.items():
+                trainer = PolicyTrainer(model, optimizer, config, pass_config)
+                for kind in ("update", "log_prob"):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    if kind == "update":
+                        trainer.update(batch)
+                    else:
+                        model.eval()
+                        score_responses(model, batch, pass_config, with_entropy=True)
+                    elapsed = torch.tensor([time.perf_counter() - start])
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank
+                    if round_index:
+                        seconds[name][kind].append(float(elapsed))
+                if rank == 0:
+                    print(
+                        f"  round {round_index}/{args.rounds} {name}: update "
+                        f"{seconds[name]['update'][-1] if round_index else float('nan'):.2f}s",
+                        flush=True,
+                    )
+        tokens = torch.tensor([float(batch.tensors["attention_mask"].sum())])
+        dist.all_reduce(tokens)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"seconds": seconds, "tokens": float(tokens)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def update_speed(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", TinyModelConfig.preset("bench-100m"))
+        out = Path(tmp) / "result.json"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        print(f"[bench_update] 2 ranks, bench-100m, {args.rows_per_rank} rows per rank ...")
+        mp.spawn(_rank_main, args=(port, str(model_dir), args, str(out)), nprocs=WORLD)
+        measured = json.loads(out.read_text())
+    tokens = measured["tokens"]
+    result: dict[str, Any] = {
+        "model": "bench-100m",
+        "rows": args.rows_per_rank * WORLD,
+        "valid_tokens": tokens,
+        "padded_tokens": args.rows_per_rank * WORLD * (PROMPT_WIDTH + RESPONSE_WIDTH),
+        "rounds": args.rounds,
+    }
+    for kind in ("update", "log_prob"):
+        for name, times in measured["seconds"].items():
+            median = statistics.median(times[kind])
+            result[f"{kind}/{name}_s"] = round(median, 3)
+            result[f"{kind}/{name}_tokens_per_s"] = round(tokens / median, 1)
+        for name in ("packed", "packed_dynamic"):
+            result[f"{kind}/ratio_{name}_over_padded"] = round(
+                result[f"{kind}/{name}_tokens_per_s"] / result[f"{kind}/padded_tokens_per_s"], 2
+            )
+    result["target_ratio"] = 1.5
+    result["target_met"] = result["update/ratio_packed_dynamic_over_padded"] >= 1.5
+    return result
+
+
+# --- log-prob pass memory (one process) ---------------------------------------------------
+
+
+class PeakRss:
+    """Highest RSS sampled every millisecond inside the block, minus the RSS before it."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+    @property
+    def extra_mib(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def logprob_memory(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=4,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    batch = gsm8k_like_batch(args.rows_per_rank, args.vocab, seed=0)
+    mib = {"padded_full": [], "packed_full": [], "packed_chunked": []}
+    configs = {
+        "padded_full": PassConfig(args.rows_per_rank, packed=False, chunk_tokens=0),
+        "packed_full": PassConfig(args.rows_per_rank, packed=True, chunk_tokens=0),
+        "packed_chunked": PassConfig(args.rows_per_rank, packed=True, chunk_tokens=1024),
+    }
+    print(f"[bench_update] log-prob pass memory: vocab {args.vocab}, {len(batch)} rows ...")
+    for round_index in range(args.rounds + 1):
+        for name, pass_config in configs.items():
+            with PeakRss() as rss:
+                score_responses(model, batch, pass_config, with_entropy=True)
+            if round_index:  # round 0 warms up (allocator, kernels)
+                mib[name].append(rss.extra_mib)
+                print(f"  round {round_index} {name}: peak +{rss.extra_mib:.0f} MiB", flush=True)
+    result: dict[str, Any] = {
+        "vocab": args.vocab,
+        "rows": len(batch),
+        "valid_tokens": int(batch.tensors["attention_mask"].sum()),
+        "response_tokens": int(batch.tensors["response_mask"].sum()),
+    }
+    for name, values in mib.items():
+        result[f"{name}_peak_mib"] = round(statistics.median(values), 1)
+    result["ratio_chunked_over_packed_full"] = round(
+        result["packed_chunked_peak_mib"] / result["packed_full_peak_mib"], 3
+    )
+    result["ratio_chunked_over_padded_full"] = round(
+        result["packed_chunked_peak_mib"] / result["padded_full_peak_mib"], 3
+    )
+    result["target_ratio"] = 0.25
+    result["target_met"] = result["ratio_chunked_over_packed_full"] <= 0.25
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows-per-rank", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--logprob-memory", action="store_true")
+    parser.add_argument("--vocab", type=int, default=32768)
+    args = parser.parse_args()
+    result = logprob_memory(args) if args.logprob_memory else update_speed(args)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Packed vs padded forward passes, chunked vs full-logit scores, token-budget micro-batches:
+the same log-probs, entropies and gradients on a real (tiny, unsharded) HF model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hybrid.data import Batch
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
+from hybrid.workers.packing import packed_inputs
+from hybrid.workers.sequences import position_ids_from_mask
+
+pytestmark = pytest.mark.unit
+
+PADDED_FULL = PassConfig(micro_batch_size=3, packed=False, chunk_tokens=0)
+VARIANTS = {
+    "packed, full logits": PassConfig(micro_batch_size=3, packed=True, chunk_tokens=0),
+    "padded, chunked": PassConfig(micro_batch_size=3, packed=False, chunk_tokens=5),
+    "packed, chunked": PassConfig(micro_batch_size=3, packed=True, chunk_tokens=5),
+    "packed, chunked, token budget": PassConfig(
+        micro_batch_size=3, packed=True, chunk_tokens=7, max_tokens=24
+    ),
+}
+
+
+def tiny_model(root: object, dtype: str) -> torch.nn.Module:
+    path = build_tiny_model(root, TinyModelConfig.preset("tiny", dtype=dtype), seed=0)  # type: ignore[arg-type]
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+
+
+@pytest.fixture(scope="module")
+def fp32_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
+    return tiny_model(tmp_path_factory.mktemp("fp32"), "float32")
+
+
+def ragged_batch(rows: int = 6, prompt: int = 7, response: int = 6, seed: int = 0) -> Batch:
+    """Left-padded prompts and right-padded responses of different lengths per row."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(1, prompt + 1, (rows,), generator=g)
+    response_lengths = torch.randint(1, response + 1, (rows,), generator=g)
+    prompt_mask = (torch.arange(prompt) >= prompt - prompt_lengths[:, None]).long()
+    response_mask = (torch.arange(response) < response_lengths[:, None]).long()
+    ids = torch.randint(5, 200, (rows, prompt + response), generator=g)
+    mask = torch.cat([prompt_mask, response_mask], dim=1)
+    ids = torch.where(mask.bool(), ids, torch.zeros_like(ids))  # pad id 0
+    return Batch.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": position_ids_from_mask(mask),
+            "responses": ids[:, prompt:],
+            "response_mask": response_mask,
+        }
+    )
+
+
+def test_packed_inputs_keep_only_valid_tokens_and_restart_positions() -> None:
+    batch = ragged_batch()
+    inputs = packed_inputs(batch)
+    mask = batch.tensors["attention_mask"]
+    assert inputs.input_ids.shape == (1, int(mask.sum()))
+    starts = (inputs.position_ids[0] == 0).nonzero().flatten()
+    assert len(starts) == len(batch)  # one sequence per row
+    assert torch.equal(
+        inputs.labels, batch.tensors["responses"][batch.tensors["response_mask"].bool()]
+    )
+    # Each scored state sits just before its label in the packed stream.
+    assert torch.equal(inputs.input_ids[0, inputs.score_index + 1], inputs.labels)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_log_probs_and_entropy_match_the_padded_full_logits(
+    fp32_model: torch.nn.Module, variant: str
+) -> None:
+    batch = ragged_batch()
+    mask = batch.tensors["response_mask"].bool()
+    reference = score_responses(fp32_model, batch, PADDED_FULL, with_entropy=True)
+    got = score_responses(fp32_model, batch, VARIANTS[variant], with_entropy=True)
+    for key in ("log_probs", "entropy"):
+        diff = (got[key] - reference[key])[mask].abs().max().item()
+        print(f"{variant}: fp32 max |{key} diff| {diff:.2e}")
+        assert diff < 1e-5, key
+        assert torch.all(got[key][~mask] == 0)
+
+
+def _gradients(model: torch.nn.Module, batch: Batch, config: PassConfig) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    weights = torch.linspace(-1, 1, batch.tensors["responses"].numel()).view_as(
+        batch.tensors["responses"]
+    )
+    scores = score_micro_batch(model, batch, config, with_entropy=True)
+    assert scores.entropy is not None
+    ((scores.log_probs * weights).sum() + 0.3 * scores.entropy.sum()).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("variant", ["packed, full logits", "padded, chunked", "packed, chunked"])
+def test_gradients_match_the_padded_full_logits(fp32_model: torch.nn.Module, variant: str) -> None:
+    batch = ragged_batch()
+    reference = _gradients(fp32_model, batch, PADDED_FULL)
+    got = _gradients(fp32_model, batch, VARIANTS[variant])
+    assert got.keys() == reference.keys()
+    worst = max((got[n] - reference[n]).abs().max().item() for n in reference)
+    scale = max(reference[n].abs().max().item() for n in reference)
+    print(f"{variant}: fp32 max |grad diff| {worst:.2e} (max |grad| {scale:.2e})")
+    assert worst < 1e-5 * max(scale, 1.0)
+
+
+def test_bf16_packed_chunked_figure(tmp_path_factory: pytest.TempPathFactory) -> None:
+    model = tiny_model(tmp_path_factory.mktemp("bf16"), "bfloat16")
+    batch = ragged_batch()
+    mask = batch.tensors["response_mask"].bool()
+    reference = score_responses(model, batch, PADDED_FULL, with_entropy=False)["log_probs"]
+    got = score_responses(model, batch, VARIANTS["packed, chunked"], with_entropy=False)
+    diff = (got["log_probs"] - reference)[mask].abs().max().item()
+    print(f"bf16 packed+chunked vs padded full logits: max |log-prob diff| {diff:.2e}")
+    assert diff < 5e-2  # bf16 rounding of different kernels and reduction orders
+
+
+def test_token_budget_errors_name_the_field(fp32_model: torch.nn.Module) -> None:
+    config = PassConfig(
+        micro_batch_size=3, max_tokens=4, budget_field="actor.ppo_max_token_len_per_gpu"
+    )
+    with pytest.raises(ValueError, match=r"actor\.ppo_max_token_len_per_gpu=4 is smaller than row"):
+        score_responses(fp32_model, ragged_batch(), config, with_entropy=False)
+
+
+def test_empty_prompt_is_an_error() -> None:
+    batch = ragged_batch()
+    prompt_width = batch.tensors["input_ids"].shape[1] - batch.tensors["responses"].shape[1]
+    batch.tensors["attention_mask"][2, :prompt_width] = 0
+    with pytest.raises(ValueError, match=r"rows \[2\] have an empty prompt"):
+        packed_inputs(batch)
