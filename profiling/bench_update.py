@@ -3,7 +3,8 @@
 Default mode: the actor update (forward, backward, optimizer step) and the no-grad log-prob
 pass of a ~100M-parameter Qwen2 (`bench-100m`) under FSDP2 on 2 CPU ranks (gloo, one thread
 each), on a batch whose lengths follow a GSM8K-like spread (prompts 60-250 tokens, responses
-20-400), left/right-padded as the rollout delivers it. Variants, interleaved round by round:
+20-400), left/right-padded as the rollout delivers it and split over the ranks as the trainer
+splits it (equal rows, near-equal tokens). Variants, interleaved round by round:
   padded:          fixed micro-batches of rows, padding included, full logits (the old path)
   packed:          the same micro-batches, valid tokens only, chunked log-prob head
   packed_dynamic:  packed, micro-batches by token budget (--max-tokens per micro-batch)
@@ -41,6 +42,7 @@ import torch.multiprocessing as mp
 
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.trainer.balance import balanced_order
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
@@ -75,6 +77,14 @@ def gsm8k_like_batch(rows: int, vocab: int, seed: int) -> Batch:
     )
 
 
+def rank_share(batch: Batch, rank: int) -> Batch:
+    """This rank's rows, split as the trainer splits a step: equal row counts, near-equal
+    token sums (hybrid.trainer.balance)."""
+    order = balanced_order(batch.tensors["attention_mask"].sum(-1), WORLD)
+    rows = len(batch) // WORLD
+    return batch[order[rank * rows : (rank + 1) * rows]]
+
+
 def variants(micro_batch_size: int, max_tokens: int) -> dict[str, PassConfig]:
     return {
         "padded": PassConfig(micro_batch_size, packed=False, chunk_tokens=0),
@@ -99,7 +109,7 @@ def _rank_main(rank: int, port: int, model_dir: str, args: argparse.Namespace, o
         model = build_fsdp_model(model_dir, mesh, torch.device("cpu"))
         optimizer = build_optimizer(model, 1e-7, 0.0, (0.9, 0.999), 1e-8)
         config = ActorConfig(micro_batch_size=args.micro_batch_size, lr=1e-7)
-        batch = gsm8k_like_batch(args.rows_per_rank, 272, seed=rank)
+        batch = rank_share(gsm8k_like_batch(args.rows_per_rank * WORLD, 272, seed=0), rank)
         passes = variants(args.micro_batch_size, args.max_tokens)
         seconds: dict[str, dict[str, list[float]]] = {
             name: {"update": [], "log_prob": []} for name in passes

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from hybrid.workers import varlen_attention
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import add_adapters, hf_name, initial_adapter, is_lora_name
 
@@ -69,6 +70,8 @@ def build_fsdp_model(
     Every rank of `mesh` must call this collectively.
     """
     _check_attn_implementation(attn_implementation)
+    if attn_implementation == "sdpa":  # the same kernel, without a dense mask when packed
+        attn_implementation = varlen_attention.register()
     if mesh.ndim != 1:
         raise ValueError(f"mesh must be 1-D (dim name {MESH_DIM_NAME!r}), got {mesh.ndim} dims")
     files = _safetensors_files(Path(model_path))

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.workers import varlen_attention
 from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
 from hybrid.workers.packing import packed_inputs
 from hybrid.workers.sequences import position_ids_from_mask
@@ -134,3 +135,35 @@ def test_empty_prompt_is_an_error() -> None:
     batch.tensors["attention_mask"][2, :prompt_width] = 0
     with pytest.raises(ValueError, match=r"rows \[2\] have an empty prompt"):
         packed_inputs(batch)
+
+
+def test_varlen_attention_equals_the_dense_block_mask(
+    fp32_model: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """sdpa per packed sequence == sdpa with transformers' dense block-causal mask, values
+    and gradients; padded inputs take the plain sdpa path (bit-identical)."""
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("varlen"), TinyModelConfig.preset("tiny", dtype="float32"), seed=0
+    )
+    varlen = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=varlen_attention.register()
+    )
+    batch = ragged_batch()
+    packed = VARIANTS["packed, chunked"]
+    dense = score_responses(fp32_model, batch, packed, with_entropy=True)
+    split = score_responses(varlen, batch, packed, with_entropy=True)
+    for key in ("log_probs", "entropy"):
+        assert (dense[key] - split[key]).abs().max().item() < 1e-5, key
+    padded = score_responses(varlen, batch, PADDED_FULL, with_entropy=True)
+    reference = score_responses(fp32_model, batch, PADDED_FULL, with_entropy=True)
+    assert torch.equal(padded["log_probs"], reference["log_probs"])
+    dense_grads, split_grads = (
+        _gradients(fp32_model, batch, packed),
+        _gradients(varlen, batch, packed),
+    )
+    assert max((dense_grads[n] - split_grads[n]).abs().max().item() for n in dense_grads) < 1e-5
+
+
+def test_sequence_bounds_split_where_positions_restart() -> None:
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]])
+    assert varlen_attention.sequence_bounds(positions) == [(0, 3), (3, 5), (5, 6), (6, 10)]

@@ -1,0 +1,78 @@
+"""sdpa that attends within each packed sequence, without a dense block mask.
+
+For packed inputs (one row of T tokens, position ids restarting at each sequence, no
+attention mask) transformers' sdpa path builds a dense (T x T) block-causal mask: every
+head then costs T^2 however short the sequences are, and the CPU math kernel materialises
+(heads, T, T) scores, so a larger packed micro-batch gets slower per token. Here each
+sequence is attended to on its own with causal sdpa: sum(L_i^2) per head, what flash-attn's
+varlen kernel does on GPU. Padded inputs (a 2-D attention mask) take transformers' sdpa path
+unchanged, so `sdpa_varlen` can stand in for `sdpa` everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "sdpa_varlen"
+
+
+def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each packed sequence: a sequence starts where the position does not
+    continue the previous one. position_ids: (1, T)."""
+    positions = position_ids[0]
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[1:] = positions[1:] != positions[:-1] + 1
+    edges = [*starts.nonzero().flatten().tolist(), positions.numel()]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def varlen_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """query (1, heads, T, d), key/value (1, kv_heads, T, d) -> (1, T, heads, d)."""
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is not None or position_ids is None or query.shape[0] != 1:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    segments = [
+        F.scaled_dot_product_attention(
+            query[:, :, start:end],
+            key[:, :, start:end],
+            value[:, :, start:end],
+            dropout_p=dropout if module.training else 0.0,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+        for start, end in sequence_bounds(position_ids)
+    ]
+    return torch.cat(segments, dim=2).transpose(1, 2).contiguous(), None
+
+
+def varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    """No mask for packed inputs (the position ids say where sequences start); sdpa's mask
+    for padded ones."""
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def register() -> str:
+    """Make `sdpa_varlen` a transformers attention implementation; returns its name."""
+    AttentionInterface.register(NAME, varlen_sdpa_attention)
+    AttentionMaskInterface.register(NAME, varlen_mask)
+    return NAME
