@@ -19,7 +19,7 @@ the RSS before it. Target: chunked <= 1/4 of full.
 Last line: a JSON object with every figure.
 
     python profiling/bench_update.py [--rounds 3] [--rows-per-rank 8]
-    python profiling/bench_update.py --logprob-memory
+    python profiling/bench_update.py --logprob-memory [--memory-rows 32]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch.multiprocessing as mp
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.balance import balanced_order
+from hybrid.workers import varlen_attention
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
@@ -220,13 +221,14 @@ def logprob_memory(args: argparse.Namespace) -> dict[str, Any]:
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     )
+    config._attn_implementation = varlen_attention.register()  # as build_fsdp_model does
     model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
-    batch = gsm8k_like_batch(args.rows_per_rank, args.vocab, seed=0)
+    batch = gsm8k_like_batch(args.memory_rows, args.vocab, seed=0)
     mib = {"padded_full": [], "packed_full": [], "packed_chunked": []}
     configs = {
-        "padded_full": PassConfig(args.rows_per_rank, packed=False, chunk_tokens=0),
-        "packed_full": PassConfig(args.rows_per_rank, packed=True, chunk_tokens=0),
-        "packed_chunked": PassConfig(args.rows_per_rank, packed=True, chunk_tokens=1024),
+        "padded_full": PassConfig(args.memory_rows, packed=False, chunk_tokens=0),
+        "packed_full": PassConfig(args.memory_rows, packed=True, chunk_tokens=0),
+        "packed_chunked": PassConfig(args.memory_rows, packed=True, chunk_tokens=1024),
     }
     print(f"[bench_update] log-prob pass memory: vocab {args.vocab}, {len(batch)} rows ...")
     for round_index in range(args.rounds + 1):
@@ -263,6 +265,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--logprob-memory", action="store_true")
     parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--memory-rows", type=int, default=32, help="rows of the memory pass")
     args = parser.parse_args()
     result = logprob_memory(args) if args.logprob_memory else update_speed(args)
     print(json.dumps(result))

@@ -11,6 +11,7 @@ unchanged, so `sdpa_varlen` can stand in for `sdpa` everywhere.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     starts = torch.ones_like(positions, dtype=torch.bool)
     starts[1:] = positions[1:] != positions[:-1] + 1
     edges = [*starts.nonzero().flatten().tolist(), positions.numel()]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    return list(itertools.pairwise(edges))
 
 
 def varlen_sdpa_attention(
@@ -63,12 +64,12 @@ def varlen_sdpa_attention(
     return torch.cat(segments, dim=2).transpose(1, 2).contiguous(), None
 
 
-def varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+def varlen_mask(**kwargs: Any) -> Any:
     """No mask for packed inputs (the position ids say where sequences start); sdpa's mask
-    for padded ones."""
-    if attention_mask is None:
+    for padded ones. transformers passes every argument by keyword."""
+    if kwargs.get("attention_mask") is None:
         return None
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(**kwargs)
 
 
 def register() -> str:
