@@ -5,7 +5,8 @@ attention mask) transformers' sdpa path builds a dense (T x T) block-causal mask
 head then costs T^2 however short the sequences are, and the CPU math kernel materialises
 (heads, T, T) scores, so a larger packed micro-batch gets slower per token. Here each
 sequence is attended to on its own with causal sdpa: sum(L_i^2) per head, what flash-attn's
-varlen kernel does on GPU. Padded inputs (a 2-D attention mask) take transformers' sdpa path
+varlen kernel does on GPU. Short packs (up to DENSE_MAX_TOKENS) take one call with the block
+mask instead, where per-call overhead would dominate. Padded inputs (a 2-D attention mask) take transformers' sdpa path
 unchanged, so `sdpa_varlen` can stand in for `sdpa` everywhere.
 """
 
@@ -21,6 +22,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "sdpa_varlen"
+# Below this many packed tokens one call with a dense block-causal mask is cheaper than one
+# call per sequence: the T^2 scores are small, and many tiny kernel calls cost more.
+DENSE_MAX_TOKENS = 1024
 
 
 def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
@@ -49,17 +53,35 @@ def varlen_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    bounds = sequence_bounds(position_ids)
+    gqa = query.shape[1] != key.shape[1]
+    dropout_p = dropout if module.training else 0.0
+    if query.shape[2] <= DENSE_MAX_TOKENS:
+        sequence = torch.cat(
+            [
+                torch.full((end - start,), i, device=query.device)
+                for i, (start, end) in enumerate(bounds)
+            ]
+        )
+        causal = torch.ones(
+            len(sequence), len(sequence), dtype=torch.bool, device=query.device
+        ).tril()
+        mask = causal & (sequence[:, None] == sequence[None, :])
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scaling, enable_gqa=gqa
+        )
+        return out.transpose(1, 2).contiguous(), None
     segments = [
         F.scaled_dot_product_attention(
             query[:, :, start:end],
             key[:, :, start:end],
             value[:, :, start:end],
-            dropout_p=dropout if module.training else 0.0,
+            dropout_p=dropout_p,
             is_causal=True,
             scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
+            enable_gqa=gqa,
         )
-        for start, end in sequence_bounds(position_ids)
+        for start, end in bounds
     ]
     return torch.cat(segments, dim=2).transpose(1, 2).contiguous(), None
 

@@ -137,11 +137,17 @@ def test_empty_prompt_is_an_error() -> None:
         packed_inputs(batch)
 
 
+@pytest.mark.parametrize("dense_max_tokens", [0, 1024], ids=["per sequence", "one masked call"])
 def test_varlen_attention_equals_the_dense_block_mask(
-    fp32_model: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory
+    fp32_model: torch.nn.Module,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    dense_max_tokens: int,
 ) -> None:
-    """sdpa per packed sequence == sdpa with transformers' dense block-causal mask, values
-    and gradients; padded inputs take the plain sdpa path (bit-identical)."""
+    """sdpa per packed sequence (or one call with our block mask, for short packs) ==
+    sdpa with transformers' dense block-causal mask, values and gradients; padded inputs take
+    the plain sdpa path (bit-identical)."""
+    monkeypatch.setattr(varlen_attention, "DENSE_MAX_TOKENS", dense_max_tokens)
     path = build_tiny_model(
         tmp_path_factory.mktemp("varlen"), TinyModelConfig.preset("tiny", dtype="float32"), seed=0
     )
