@@ -22,6 +22,8 @@ from tests.integration.workers.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
+TP_ATOL = 0.08
+
 
 def _train_batch(views: dict, model_dir: Path) -> Batch:
     actor = views["actor_rollout"]
@@ -101,6 +103,11 @@ def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_p
     leftovers = list(Path("/dev/shm").glob("*cpushm*"))
     assert not leftovers, f"the TP group's shared memory outlived its engines: {leftovers}"
     diff = masked_max_abs_diff(engine, own, batch["response_mask"])
-    print(f"TP=2 rollout, engine-vs-actor max |diff| after an update: {diff:.4f}")
+    stale = masked_max_abs_diff(own, batch["old_log_probs"], batch["response_mask"])
+    print(f"TP=2 rollout, engine-vs-actor max |diff| after an update: {diff:.4f}, "
+          f"the update moved the actor's log-probs by up to {stale:.4f}")  # fmt: skip
     assert batch["response_mask"].sum() > 0
-    assert diff < 0.05
+    # bf16 noise between vLLM's TP=2 kernels and the actor's packed passes: 0.03-0.052
+    # measured; an engine left with the old weights would be off by the update's move.
+    assert diff < TP_ATOL
+    assert stale > 2 * TP_ATOL
