@@ -33,14 +33,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-import psutil
 import ray
 import torch
 import torch.distributed as dist
@@ -52,6 +50,7 @@ from hybrid.controller import (
     RayWorkerGroup,
     register,
 )
+from hybrid.memory.sampler import PeakRss
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
@@ -71,31 +70,6 @@ LORA_VARIANTS = {
 }
 
 
-class PeakRss:
-    """Samples this process's RSS in a thread; `peak - start` is the extra memory."""
-
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self.interval_s = interval_s
-        self.process = psutil.Process()
-
-    def __enter__(self) -> PeakRss:
-        self.start = self.peak = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(self.interval_s)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-
-
 class SyncBench(ActorRolloutWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_once(self, gather: str, bucket_mb: int) -> dict[str, float]:
@@ -106,7 +80,7 @@ class SyncBench(ActorRolloutWorker):
         return {
             "sync_s": times.total_s,
             "gather_s": times.gather_s,
-            "peak_extra_bytes": rss.peak - rss.start,
+            "peak_extra_bytes": rss.extra_bytes,
         }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -141,7 +115,7 @@ class SyncBench(ActorRolloutWorker):
             for _ in iter_full_parameters(self.model, gather, torch.bfloat16, bucket_mb << 20):  # type: ignore[arg-type]
                 pass
             seconds = time.perf_counter() - start
-        return {"gather_only_s": seconds, "gather_peak_extra_bytes": rss.peak - rss.start}
+        return {"gather_only_s": seconds, "gather_peak_extra_bytes": rss.extra_bytes}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def flat_floor(self) -> float:

@@ -30,17 +30,16 @@ import os
 import socket
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybrid.data import Batch
+from hybrid.memory.sampler import PeakRss
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.balance import balanced_order
 from hybrid.workers import varlen_attention
@@ -179,34 +178,6 @@ def update_speed(args: argparse.Namespace) -> dict[str, Any]:
 # --- log-prob pass memory (one process) ---------------------------------------------------
 
 
-class PeakRss:
-    """Highest RSS sampled every millisecond inside the block, minus the RSS before it."""
-
-    def __init__(self) -> None:
-        self.process = psutil.Process()
-        self._stop = threading.Event()
-
-    def __enter__(self) -> PeakRss:
-        self.start = self.peak = self.process.memory_info().rss
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.001)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-
-    @property
-    def extra_mib(self) -> float:
-        return (self.peak - self.start) / 2**20
-
-
 def logprob_memory(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -233,11 +204,14 @@ def logprob_memory(args: argparse.Namespace) -> dict[str, Any]:
     print(f"[bench_update] log-prob pass memory: vocab {args.vocab}, {len(batch)} rows ...")
     for round_index in range(args.rounds + 1):
         for name, pass_config in configs.items():
-            with PeakRss() as rss:
+            with PeakRss(interval_s=0.001) as rss:
                 score_responses(model, batch, pass_config, with_entropy=True)
             if round_index:  # round 0 warms up (allocator, kernels)
-                mib[name].append(rss.extra_mib)
-                print(f"  round {round_index} {name}: peak +{rss.extra_mib:.0f} MiB", flush=True)
+                mib[name].append(rss.extra_bytes / 2**20)
+                print(
+                    f"  round {round_index} {name}: peak +{rss.extra_bytes / 2**20:.0f} MiB",
+                    flush=True,
+                )
     result: dict[str, Any] = {
         "vocab": args.vocab,
         "rows": len(batch),

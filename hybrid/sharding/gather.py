@@ -98,18 +98,10 @@ def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return padded[:rows]
 
 
-def gather_coalesced(group: list[NamedParam], dtype: torch.dtype) -> list[NamedParam]:
-    """Like `gather_full`, with one all-gather for the whole group: for many small tensors
-    (LoRA adapters) the per-collective latency, not the bytes, sets the time. Parameters
-    that are not dim-0 shards of a 1-D mesh are gathered one by one."""
-    return CoalescedGather(group, dtype).result()
-
-
 class CoalescedGather:
-    """One group's coalesced all-gather, started on construction (asynchronously) and
-    finished by `result()`: a caller can start the next group's collective before it unpacks
-    this one, hiding the collective's latency behind the unpacking (at most two groups alive).
-    """
+    """Like `gather_full`, with one all-gather for the whole group, started on construction
+    (asynchronously) and finished by `result()`. Parameters that are not dim-0 shards of a
+    1-D mesh are gathered one by one."""
 
     def __init__(self, group: list[NamedParam], dtype: torch.dtype) -> None:
         self.group = group
@@ -168,6 +160,20 @@ class CoalescedGather:
             (name, full[name] if name in full else full_parameter(p, self.dtype))
             for name, p in self.group
         ]
+
+
+def prefetched_groups(
+    groups: list[list[NamedParam]], dtype: torch.dtype
+) -> Iterator[list[NamedParam]]:
+    """Each group's full tensors (coalesced), the next group's all-gather already in flight:
+    for many small tensors the collective's latency, not the bytes, sets the time. At most
+    two groups are alive at once."""
+    pending = CoalescedGather(groups[0], dtype) if groups else None
+    for following in [*groups[1:], None]:
+        assert pending is not None
+        current = pending
+        pending = None if following is None else CoalescedGather(following, dtype)
+        yield current.result()
 
 
 def iter_full_parameters(

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 
 from hybrid.sharding.gather import (
-    CoalescedGather,
     Granularity,
     NamedParam,
     full_parameter,
     group_parameters,
     iter_full_tensors,
+    prefetched_groups,
 )
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import (
@@ -107,18 +107,8 @@ class LoraSync:
         """Every adapter tensor, full, in bf16 (the engine's dtype), by peft name, on the host."""
         tensors: dict[str, torch.Tensor] = {}
         groups = group_parameters(self.adapter, self.granularity(layered), 0, torch.bfloat16)
-        # The next layer's collective is in flight while this one is unpacked: per-collective
-        # latency, not bytes, sets the time of a layered adapter gather (two layers alive).
-        pending = CoalescedGather(groups[0], torch.bfloat16) if groups else None
-        for index in range(len(groups)):
-            assert pending is not None
-            current = pending
-            pending = (
-                CoalescedGather(groups[index + 1], torch.bfloat16)
-                if index + 1 < len(groups)
-                else None
-            )
-            full = dict(current.result())
+        for index, gathered in enumerate(prefetched_groups(groups, torch.bfloat16)):
+            full = dict(gathered)
             if on_group_done is not None:
                 on_group_done(index, sum(t.nbytes for t in full.values()))
             # The file is written from host memory: few groups are on the device at once.

@@ -58,7 +58,6 @@ def pass_config(
 class Scores:
     log_probs: torch.Tensor  # (b, R)
     entropy: torch.Tensor | None  # (b, R)
-    model_tokens: int  # tokens the model ran on
 
 
 def micro_batches(batch: Batch, config: PassConfig) -> list[list[int]]:
@@ -95,7 +94,6 @@ def score_micro_batch(
     return Scores(
         log_probs=inputs.scatter(log_probs),
         entropy=None if entropy is None else inputs.scatter(entropy),
-        model_tokens=inputs.num_tokens,
     )
 
 

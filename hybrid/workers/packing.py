@@ -31,11 +31,6 @@ class ModelInputs:
     target: torch.Tensor  # (n,) into the flattened (b x R) output
     response_shape: tuple[int, int]  # (b, R)
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens the model runs on (padding included when padded)."""
-        return self.input_ids.numel()
-
     def scatter(self, scores: torch.Tensor) -> torch.Tensor:
         """(n,) scores to (b, R), zero at padding; differentiable."""
         b, r = self.response_shape

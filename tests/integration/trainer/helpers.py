@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -57,6 +58,18 @@ def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunCo
             ],
         )
     return build_config(cfg)
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child process that starts its own vLLM: without this process's
+    torch.distributed variables, and with the engine in the child's own process."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -4,7 +4,6 @@ bad inputs that must fail before any worker starts, and the memory report of a r
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from hybrid.trainer.grpo import GRPOTrainer
 from profiling import memory_report
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
+    child_env,
     make_config,
     read_metrics,
     write_assets,
@@ -74,15 +74,9 @@ def test_three_steps_write_metrics_and_a_loadable_model(three_step_run: Path) ->
     model = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
     assert model.config.vocab_size == 16
     # vLLM loads it too (in a child process: this one may hold a torch.distributed world).
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     child = subprocess.run(
         [sys.executable, "-c", _VLLM_LOAD, str(out / "hf_model")],
-        env=env,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=240,

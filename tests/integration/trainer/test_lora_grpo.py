@@ -5,7 +5,6 @@ in Hugging Face peft and in a fresh vLLM, and bad LoRA settings fail before work
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.workers.lora import ADAPTER_WEIGHTS, LORA_ADAPTER_DIR
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
+    child_env,
     make_config,
     read_metrics,
     write_assets,
@@ -127,16 +127,10 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     merged = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
     assert hf_greedy(merged, prompts) == peft_tokens  # the merged export is the adapted model
 
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     child = subprocess.run(
         [sys.executable, "-c", _VLLM_GREEDY, str(assets / "model"), str(adapter),
          json.dumps(prompts), str(NEW_TOKENS)],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=child_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert child.returncode == 0, child.stderr[-3000:]
     line = next(x for x in child.stdout.splitlines() if x.startswith("TOKENS "))

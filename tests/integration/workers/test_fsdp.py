@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.sharding.gather import CoalescedGather, gather_coalesced
+from hybrid.sharding.gather import CoalescedGather
 from hybrid.sharding.offload import (
     offload_optimizer,
     offload_params,
@@ -161,7 +161,9 @@ def _coalesced_gathers_are_exact(model: torch.nn.Module, mesh: DeviceMesh) -> bo
     first, second = named[: len(named) // 2], named[len(named) // 2 :]
     in_flight = [CoalescedGather(first, torch.bfloat16), CoalescedGather(second, torch.bfloat16)]
     gathered = (
-        in_flight[1].result() + in_flight[0].result() + gather_coalesced(named, torch.bfloat16)
+        in_flight[1].result()
+        + in_flight[0].result()
+        + CoalescedGather(named, torch.bfloat16).result()
     )
     expected = {
         name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.bfloat16)

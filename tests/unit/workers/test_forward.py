@@ -8,11 +8,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.data import Batch
+from hybrid.data.prompts import left_pad
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.rollout.base import GeneratedSample
 from hybrid.workers import varlen_attention
 from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
 from hybrid.workers.packing import packed_inputs
-from hybrid.workers.sequences import position_ids_from_mask
+from hybrid.workers.sequences import pack_rollout
 
 pytestmark = pytest.mark.unit
 
@@ -38,24 +40,21 @@ def fp32_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
 
 
 def ragged_batch(rows: int = 6, prompt: int = 7, response: int = 6, seed: int = 0) -> Batch:
-    """Left-padded prompts and right-padded responses of different lengths per row."""
+    """Rows as a rollout delivers them (hybrid.workers.sequences): prompts of 1..`prompt`
+    tokens left-padded, responses of 1..`response` tokens right-padded, pad id 0."""
     g = torch.Generator().manual_seed(seed)
-    prompt_lengths = torch.randint(1, prompt + 1, (rows,), generator=g)
-    response_lengths = torch.randint(1, response + 1, (rows,), generator=g)
-    prompt_mask = (torch.arange(prompt) >= prompt - prompt_lengths[:, None]).long()
-    response_mask = (torch.arange(response) < response_lengths[:, None]).long()
-    ids = torch.randint(5, 200, (rows, prompt + response), generator=g)
-    mask = torch.cat([prompt_mask, response_mask], dim=1)
-    ids = torch.where(mask.bool(), ids, torch.zeros_like(ids))  # pad id 0
-    return Batch.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": position_ids_from_mask(mask),
-            "responses": ids[:, prompt:],
-            "response_mask": response_mask,
-        }
-    )
+
+    def tokens(longest: int) -> list[int]:
+        length = int(torch.randint(1, longest + 1, (1,), generator=g))
+        return torch.randint(5, 200, (length,), generator=g).tolist()
+
+    prompts = left_pad([tokens(prompt) for _ in range(rows)], prompt, pad_token_id=0)
+    samples = [
+        GeneratedSample(token_ids=ids, log_probs=[0.0] * len(ids), text="")
+        for ids in (tokens(response) for _ in range(rows))
+    ]
+    t = prompts.tensors
+    return Batch.from_dict(pack_rollout(t["input_ids"], t["attention_mask"], samples, response, 0))
 
 
 def test_packed_inputs_keep_only_valid_tokens_and_restart_positions() -> None:
