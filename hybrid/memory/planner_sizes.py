@@ -110,8 +110,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
+import torch
+
+from hybrid.dtypes import ComputeDtypes, Hardware, dtype_bytes
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, count, is_layer, layer_key
 from hybrid.memory.records import GIB
 
@@ -135,13 +139,12 @@ ENGINE_WORKSPACE_BYTES = 256 << 20
 """NCCL / cuBLAS workspaces and sampler state of the engine, outside its sleep pools."""
 CUDA_GRAPH_BYTES = 1 << 30
 """Rough size of vLLM's CUDA graphs when rollout.enforce_eager is false."""
-ENGINE_BYTES = 2
-"""vLLM runs in bfloat16, and the sync gathers in bfloat16."""
+PLANNED_GPU = Hardware("cuda", native_bf16=True, description="a GPU with bf16 (planned)")
+"""The presets plan for bf16 GPUs (A100, H100): `auto` dtypes resolve as they would there."""
 CHUNK_FORWARD_FP32 = 3
 """(c, V) fp32 buffers of the scoring head's forward: logits, exp / probabilities, a temporary."""
 MERGE_BYTES_PER_ELEMENT = 12
 """hybrid.workers.lora.merge_into_base: W.float(), B @ A and its scaled copy, fp32, at once."""
-_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 Bytes = dict[str, int]
 PassName = Literal["ref", "old_log_prob", "update"]
@@ -243,13 +246,27 @@ class WorkerSizes:
     def on_gpu(self) -> bool:
         return self.config.trainer.use_gpu
 
+    @cached_property
+    def dtypes(self) -> ComputeDtypes:
+        """actor / ref / rollout dtypes with `auto` resolved for the planned device."""
+        c = self.config
+        hardware = PLANNED_GPU if self.on_gpu else Hardware.detect(torch.device("cpu"))
+        return ComputeDtypes.resolve(
+            c.actor.param_dtype, c.ref.param_dtype, c.rollout.dtype, hardware
+        )
+
+    @property
+    def engine_bytes(self) -> int:
+        """Bytes per element of the engine's weights (and of the tensors the sync gathers)."""
+        return dtype_bytes(self.dtypes.rollout)
+
     @property
     def cb(self) -> int:
-        return _BYTES[self.config.actor.param_dtype]
+        return dtype_bytes(self.dtypes.actor)
 
     @property
     def master(self) -> int:
-        return _BYTES[self.config.actor.master_dtype]
+        return dtype_bytes(self.config.actor.master_dtype)
 
     @property
     def tp(self) -> int:
@@ -289,13 +306,13 @@ class WorkerSizes:
     @property
     def ref_cb(self) -> int:
         """Bytes per element of the weights the reference forward runs on."""
-        return self.cb if self.ref_is_actor else _BYTES[self.config.ref.param_dtype]
+        return self.cb if self.ref_is_actor else dtype_bytes(self.dtypes.ref)
 
     def ref_params(self) -> int:
         """The reference copy: built for the KL loss only, and none with LoRA."""
         if not self.config.actor.use_kl_loss or self.ref_is_actor:
             return 0
-        return self.shape.shard(self.world) * _BYTES[self.config.ref.param_dtype]
+        return self.shape.shard(self.world) * dtype_bytes(self.dtypes.ref)
 
     def rollout_weights(self) -> int:
         s = self.shape
@@ -303,7 +320,7 @@ class WorkerSizes:
         # enable_lora preallocates one adapter slot of max_lora_rank on every projection vLLM
         # supports (all of q,k,v,o,gate,up,down whatever the targets; unsplit: an upper bound)
         slots = s.adapters(_engine_lora_rank(self.lora_rank)) if self.adapter_sync else 0
-        return ENGINE_BYTES * (split + s.norm_params + slots)
+        return self.engine_bytes * (split + s.norm_params + slots)
 
     def vllm_limits(self) -> tuple[int, int]:
         """vLLM's offline (max_num_batched_tokens, max_num_seqs) for a device this big."""
@@ -313,7 +330,7 @@ class WorkerSizes:
         if not self.on_gpu:
             return 0
         graphs = 0 if self.config.rollout.enforce_eager else CUDA_GRAPH_BYTES
-        embeds = self.vllm_limits()[0] * self.shape.hidden_size * ENGINE_BYTES
+        embeds = self.vllm_limits()[0] * self.shape.hidden_size * self.engine_bytes
         return embeds + ENGINE_WORKSPACE_BYTES + graphs
 
     def engine_activations(self, tokens: int, seqs: int) -> int:
@@ -347,17 +364,17 @@ class WorkerSizes:
         return self.engine_activations(min(max_tokens, prompt_tokens), min(max_seqs, seqs))
 
     def cast_shard(self) -> int:
-        """The one shard cast to bf16 beside a group's full tensors (none for a bf16 LoRA base:
-        `.to(bfloat16)` returns it as is)."""
-        if self.lora_rank and self.config.actor.param_dtype == "bfloat16":
+        """The one shard cast to the engine's dtype beside a group's full tensors (none for a
+        LoRA base already in that dtype: `.to(dtype)` returns it as is)."""
+        if self.lora_rank and self.dtypes.actor == self.dtypes.rollout:
             return 0
-        return self.shape.largest_shard(self.world) * ENGINE_BYTES
+        return self.shape.largest_shard(self.world) * self.engine_bytes
 
     def weight_gather(self) -> int:
         """Full bf16 weights of sync.gather's largest group: every sync of full fine-tuning,
         the first of LoRA's adapter mode (the frozen base)."""
         group = self.shape.gather_peak(self.config.sync.gather, self.config.sync.bucket_mb << 20)
-        return group * ENGINE_BYTES + self.cast_shard()
+        return group * self.engine_bytes + self.cast_shard()
 
     def sync_transient(self) -> Bytes:
         """What a steady-state sync gathers (see hybrid.sharding.lora_sync for LoRA)."""
@@ -366,21 +383,21 @@ class WorkerSizes:
             return {"gather_buffers": self.weight_gather()}
         if self.adapter_sync:  # gather_adapter moves each group to the host once gathered
             group = a.layer if self.config.sync.layered_summon else a.elements
-            return {"gather_buffers": (group + a.largest_shard) * ENGINE_BYTES}
+            return {"gather_buffers": (group + a.largest_shard) * self.engine_bytes}
         # merge: a group's base (bf16) and adapters (fp32), the merged copies of its adapted
         # weights, merge_into_base's fp32 temporaries of the largest one
         layered = self.config.sync.layered_summon
         base = self.shape.largest_layer if layered else self.shape.num_params
         adapters, adapted = (a.layer, a.adapted_layer) if layered else (a.elements, a.adapted)
-        merged = (adapted - a.largest_adapted) * ENGINE_BYTES
+        merged = (adapted - a.largest_adapted) * self.engine_bytes
         merge = {
-            "gather_buffers": base * ENGINE_BYTES + adapters * 4 + self.cast_shard(),
+            "gather_buffers": base * self.engine_bytes + adapters * 4 + self.cast_shard(),
             "merge_temps": merged + MERGE_BYTES_PER_ELEMENT * a.largest_adapted,
         }
         if not layered:
             return merge
         # a root tensor (the embedding) is a group of its own, and may be the larger one
-        root = self.shape.gather_peak("layer", self.config.sync.bucket_mb << 20) * ENGINE_BYTES
+        root = self.shape.gather_peak("layer", self.config.sync.bucket_mb << 20) * self.engine_bytes
         return _largest(merge, {"gather_buffers": root + self.cast_shard()})
 
     def optimizer_temporaries(self) -> int:
@@ -486,7 +503,7 @@ class WorkerSizes:
         saved = mb.tokens * s.saved_activations(cb, checkpointed)
         recompute = s.layer_activations(cb) if checkpointed else 0
         work = mb.tokens * (recompute + (2 * s.hidden_size + 3 * s.intermediate_size) * cb)
-        reduce = cb + (_BYTES[a.reduce_dtype] if a.reduce_dtype != a.param_dtype else 0)
+        reduce = cb + (dtype_bytes(a.reduce_dtype) if a.reduce_dtype != self.dtypes.actor else 0)
         # Until the embedding's gradient closes the root group, it holds the LM head's gradient;
         # with LoRA the root is frozen and only the adapters have gradients.
         head_grad = 0 if lora else s.vocab_size * s.hidden_size * cb

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hybrid.dtypes import DTYPE_CHOICES, DtypeChoice
 from hybrid.validation import check_choice, check_positive, check_range
 
 
@@ -12,6 +13,10 @@ from hybrid.validation import check_choice, check_positive, check_range
 class RolloutConfig:
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism; the rollout mesh is (world / tp) x tp."""
+    dtype: DtypeChoice = "auto"
+    """The engine's weights and compute; auto: bfloat16 where the device computes it natively,
+    float16 on older GPUs, float32 on CPUs without bf16 (hybrid/dtypes.py). The sync casts the
+    actor's weights to it."""
     max_model_len: int = 512
     """Longest prompt + response the engine schedules."""
     prompt_length: int = 64
@@ -53,6 +58,7 @@ class RolloutConfig:
                 f"rollout.prompt_length ({self.prompt_length}) + rollout.response_length "
                 f"({self.response_length}) exceeds rollout.max_model_len ({self.max_model_len})"
             )
+        check_choice("rollout", "dtype", self.dtype, DTYPE_CHOICES)
         check_choice("rollout", "load_format", self.load_format, ("auto", "dummy"))
         check_range("rollout", "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0)
         if self.kv_cache_memory_bytes is not None:

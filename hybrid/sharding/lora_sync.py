@@ -7,7 +7,8 @@ Two modes (`sync.lora_mode`):
            reload that adapter in place (`LoRARequest(..., load_inplace=True)`). vLLM's
            public LoRA API takes adapters from a path; /dev/shm keeps it off the disk.
   merge:   every sync sends full weights with the adapters folded in, W + (alpha / r) B A in
-           fp32, cast to bf16: the engine needs no LoRA support (TRL's way; the slow baseline).
+           fp32, cast to the engine's dtype: the engine needs no LoRA support (TRL's way; the
+           slow baseline).
 `sync.layered_summon` gathers one decoder layer's tensors at a time (else all at once), so
 the peak is one layer's adapters (adapter) or one layer's base + adapters (merge).
 """
@@ -31,8 +32,8 @@ from hybrid.sharding.gather import (
     iter_full_tensors,
     prefetched_groups,
 )
-from hybrid.workers.config import LoraConfig
-from hybrid.workers.lora import (
+from hybrid.sharding.lora_files import (
+    AdapterSpec,
     hf_name,
     is_lora_name,
     merge_into_base,
@@ -71,17 +72,13 @@ class LoraSync:
     """Gathers a peft actor's tensors for the engine: its base, its adapter, or both merged."""
 
     def __init__(
-        self,
-        actor: torch.nn.Module,
-        lora: LoraConfig,
-        target_modules: list[str],
-        base_model_path: str,
-        directory: Path,
+        self, actor: torch.nn.Module, spec: AdapterSpec, directory: Path, dtype: torch.dtype
     ) -> None:
-        self.lora = lora
-        self.target_modules = target_modules
-        self.base_model_path = base_model_path
+        """`dtype` is the engine's: every tensor handed over is cast to it (the merge itself
+        runs in fp32)."""
+        self.spec = spec
         self.directory = directory
+        self.dtype = dtype
         named: list[NamedParam] = list(actor.named_parameters())
         self.base = [(name, p) for name, p in named if not is_lora_name(name)]
         self.adapter = [(name, p) for name, p in named if is_lora_name(name)]
@@ -95,19 +92,17 @@ class LoraSync:
     def iter_base(
         self, granularity: Granularity, bucket_bytes: int, on_group_done: GroupDone | None
     ) -> Iterator[NamedParam]:
-        """The frozen base, full tensors in bf16, under Hugging Face names."""
-        full = iter_full_tensors(
-            self.base, granularity, torch.bfloat16, bucket_bytes, on_group_done
-        )
+        """The frozen base, full tensors in the engine's dtype, under Hugging Face names."""
+        full = iter_full_tensors(self.base, granularity, self.dtype, bucket_bytes, on_group_done)
         return ((hf_name(name), tensor) for name, tensor in full)
 
     def gather_adapter(
         self, layered: bool, on_group_done: GroupDone | None
     ) -> dict[str, torch.Tensor]:
-        """Every adapter tensor, full, in bf16 (the engine's dtype), by peft name, on the host."""
+        """Every adapter tensor, full, in the engine's dtype, by peft name, on the host."""
         tensors: dict[str, torch.Tensor] = {}
-        groups = group_parameters(self.adapter, self.granularity(layered), 0, torch.bfloat16)
-        for index, gathered in enumerate(prefetched_groups(groups, torch.bfloat16)):
+        groups = group_parameters(self.adapter, self.granularity(layered), 0, self.dtype)
+        for index, gathered in enumerate(prefetched_groups(groups, self.dtype)):
             full = dict(gathered)
             if on_group_done is not None:
                 on_group_done(index, sum(t.nbytes for t in full.values()))
@@ -120,9 +115,7 @@ class LoraSync:
         it is written once; later syncs replace only the weights file."""
         if not self.config_written:
             shutil.rmtree(self.directory, ignore_errors=True)
-            write_adapter_config(
-                self.directory, self.lora, self.target_modules, self.base_model_path
-            )
+            write_adapter_config(self.directory, self.spec)
             self.config_written = True
         return write_adapter_weights(self.directory, tensors)
 
@@ -132,11 +125,11 @@ class LoraSync:
 
     def iter_merged(self, layered: bool, on_group_done: GroupDone | None) -> Iterator[NamedParam]:
         """Full weights with each adapter folded into its base weight, Hugging Face names."""
-        groups = group_parameters(self.all, self.granularity(layered), 0, torch.bfloat16)
+        groups = group_parameters(self.all, self.granularity(layered), 0, self.dtype)
         for index, group in enumerate(groups):
-            # Adapters in fp32 for the merge; the base in bf16, as the engine keeps it.
+            # Adapters in fp32 for the merge; the base in the engine's dtype.
             full = {
-                name: full_parameter(p, torch.float32 if is_lora_name(name) else torch.bfloat16)
+                name: full_parameter(p, torch.float32 if is_lora_name(name) else self.dtype)
                 for name, p in group
             }
             merged = []
@@ -147,7 +140,7 @@ class LoraSync:
                 lora_a = full.get(f"{module}.lora_A.default.weight")
                 if name.endswith(".base_layer.weight") and lora_a is not None:
                     lora_b = full[f"{module}.lora_B.default.weight"]
-                    tensor = merge_into_base(tensor, lora_a, lora_b, self.lora.scaling)
+                    tensor = merge_into_base(tensor, lora_a, lora_b, self.spec.scaling)
                 merged.append((hf_name(name), tensor))
             nbytes = sum(t.nbytes for t in full.values())
             del full

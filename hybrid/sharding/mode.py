@@ -23,12 +23,13 @@ from enum import Enum
 
 import torch
 
+from hybrid.dtypes import torch_dtype
 from hybrid.memory.ledger import MemoryLedger, TimedIterator
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import iter_full_parameters
-from hybrid.sharding.loader import WeightLoader, engine_name
+from hybrid.sharding.loader import WeightLoader
 from hybrid.sharding.lora_sync import LoraSync, SyncTally, counted
 from hybrid.sharding.offload import Offloader
 
@@ -96,7 +97,9 @@ class ModeSwitch:
         self.mode = Mode.TRAINER
         self._rollout_rng = RngState(rollout_seed)
         self._trainer_rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self._loader: WeightLoader | None = None
+        # Chosen once, from what the engine reports about its weights (see loader.py).
+        self._loader = WeightLoader(engine, sync.strategy)
+        self._engine_dtype = torch_dtype(engine.dtype)
         self.last_checksums: dict[str, Checksum] = {}
         self.num_syncs = 0
 
@@ -174,13 +177,11 @@ class ModeSwitch:
     def configure(self, sync: SyncConfig) -> None:
         self.require(Mode.TRAINER, "changing the sync configuration")
         self.sync_config = sync
-        self._loader = None
+        self._loader = WeightLoader(self.engine, sync.strategy)
 
     def sync_weights(self) -> SyncTimes:
         """Gather the actor's shards group by group and load them into the engine in place
         (with LoRA adapters: see hybrid.sharding.lora_sync for what moves)."""
-        if self._loader is None:
-            self._loader = WeightLoader(self.engine, self.sync_config.strategy)
         start = time.perf_counter()
         tally = SyncTally()
         gathered = TimedIterator(counted(self._full_weights(), tally))
@@ -212,18 +213,17 @@ class ModeSwitch:
         bucket = c.bucket_mb << 20
         if self.lora is None:
             return iter_full_parameters(
-                self.actor, c.gather, torch.bfloat16, bucket, on_group_done=self._chunk_loaded
+                self.actor, c.gather, self._engine_dtype, bucket, on_group_done=self._chunk_loaded
             )
         if c.lora_mode == "merge":
             return self.lora.iter_merged(c.layered_summon, self._chunk_loaded)
         return self.lora.iter_base(c.gather, bucket, self._chunk_loaded)
 
     def _load(self, gathered: Iterable[tuple[str, torch.Tensor]]) -> None:
-        assert self._loader is not None
         weights = gathered
         if self.sync_config.verify_checksum:
             self.last_checksums = {}
-            weights = recording(gathered, self.last_checksums, lambda name: engine_name(name)[0])
+            weights = recording(gathered, self.last_checksums, self._loader.names.engine_name)
         self._loader.load(weights)
         if self.sync_config.verify_checksum:
             verify(self.engine.model, self.last_checksums)
@@ -237,5 +237,5 @@ class ModeSwitch:
         )
 
     @property
-    def strategy(self) -> str | None:
-        return None if self._loader is None else self._loader.strategy
+    def strategy(self) -> str:
+        return self._loader.strategy

@@ -9,13 +9,14 @@ Composed of small parts: PolicyTrainer (optimisation), VllmEngine (generation), 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
+from hybrid.dtypes import ComputeDtypes, Dtype, Hardware, dtype_bytes, torch_dtype
 from hybrid.memory.components import (
     ByDevice,
     full_parameter_count,
@@ -28,18 +29,31 @@ from hybrid.memory.records import MemoryRecord
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import verify
 from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.lora_files import write_adapter
 from hybrid.sharding.lora_sync import LoraSync, adapter_directory
 from hybrid.sharding.mode import Mode, ModeSwitch
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
-from hybrid.workers.config import HybridWorkerConfig, dtype_of
+from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
-from hybrid.workers.lora import adapted_modules, adapters_disabled, write_adapter
+from hybrid.workers.lora import adapter_spec, adapters_disabled
 from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.sequences import pack_rollout, unpad_prompts
+
+
+class WorkerFacts(TypedDict):
+    """What a worker resolved at start-up (`describe`)."""
+
+    parameters: int
+    hardware: str
+    actor_dtype: Dtype
+    ref_dtype: Dtype
+    rollout_dtype: Dtype
+    sync_strategy: str
+    weight_layout: str
 
 
 class ActorRolloutWorker(Worker):
@@ -52,13 +66,15 @@ class ActorRolloutWorker(Worker):
         c = self.config
         self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
         device = self.parallel.device
+        self.hardware = Hardware.detect(device)
+        self.dtypes: ComputeDtypes = c.compute_dtypes(self.hardware)
         self.model = build_fsdp_model(
             c.model.path,
             self.parallel.fsdp_mesh,
             device,
-            param_dtype=dtype_of(c.actor.param_dtype),
-            reduce_dtype=dtype_of(c.actor.reduce_dtype),
-            master_dtype=dtype_of(c.actor.master_dtype),
+            param_dtype=torch_dtype(self.dtypes.actor),
+            reduce_dtype=torch_dtype(c.actor.reduce_dtype),
+            master_dtype=torch_dtype(c.actor.master_dtype),
             attn_implementation=c.model.attn_implementation,
             gradient_checkpointing=c.model.gradient_checkpointing,
             lora=c.model.lora,
@@ -70,12 +86,18 @@ class ActorRolloutWorker(Worker):
         lora = c.model.lora
         adapter_sync = lora.enabled and c.sync.lora_mode == "adapter"
         self.engine = VllmEngine(
-            c.model.path, c.rollout, device, lora_rank=lora.rank if adapter_sync else 0
+            c.model.path,
+            c.rollout,
+            device,
+            self.dtypes.rollout,
+            lora_rank=lora.rank if adapter_sync else 0,
         )
-        # vLLM keeps bf16 weights, split over the tensor-parallel group. On CPU it repacks the
-        # linear weights into oneDNN buffers that are not tensors, so count from the shapes.
+        # vLLM's weights in its dtype, split over the tensor-parallel group. A packed layout
+        # holds them in buffers that are not tensors, so count from the shapes.
         self._rollout_weight_bytes = (
-            full_parameter_count(self.model) * 2 // c.rollout.tensor_parallel_size
+            full_parameter_count(self.model)
+            * dtype_bytes(self.dtypes.rollout)
+            // c.rollout.tensor_parallel_size
         )
         self.ledger.track("rollout", self._rollout_components)
         self.ledger.record("init/rollout")
@@ -86,10 +108,9 @@ class ActorRolloutWorker(Worker):
         self.lora_sync = (
             LoraSync(
                 self.model,
-                lora,
-                adapted_modules(self.model),
-                c.model.path,
+                adapter_spec(self.model, lora, c.model.path),
                 adapter_directory(self.rank),
+                torch_dtype(self.dtypes.rollout),
             )
             if lora.enabled
             else None
@@ -147,6 +168,19 @@ class ActorRolloutWorker(Worker):
         if "kv_cache" in resident:
             components["kv_cache"] = ByDevice({device: self.engine.kv_cache_bytes})
         return components
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self) -> WorkerFacts:
+        """What this worker resolved at start-up, for the start-up summary and config.json."""
+        return {
+            "parameters": full_parameter_count(self.model),
+            "hardware": self.hardware.description,
+            "actor_dtype": self.dtypes.actor,
+            "ref_dtype": self.dtypes.ref,
+            "rollout_dtype": self.dtypes.rollout,
+            "sync_strategy": self.modes.strategy,
+            "weight_layout": self.engine.weight_layout,
+        }
 
     # --- rollout -------------------------------------------------------------------------
 
@@ -351,13 +385,7 @@ class ActorRolloutWorker(Worker):
         with self.modes.trainer_phase("export_adapter"):
             tensors = self.lora_sync.gather_adapter(layered=True, on_group_done=None)
             if self.rank == 0:
-                write_adapter(
-                    Path(path),
-                    tensors,
-                    self.config.model.lora,
-                    self.lora_sync.target_modules,
-                    self.config.model.path,
-                )
+                write_adapter(Path(path), tensors, self.lora_sync.spec)
         return path
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

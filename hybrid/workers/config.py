@@ -9,14 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-import torch
-
+from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoice, Hardware
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.validation import check_choice, check_positive, check_range
 
-Dtype = Literal["bfloat16", "float16", "float32"]
-DTYPES = get_args(Dtype)
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
@@ -142,8 +139,9 @@ class ActorConfig:
     """Passes over the batch per update_actor call."""
     mini_batch_size: int | None = None
     """Rows per optimizer step on each rank (None: the whole local batch, one step)."""
-    param_dtype: Dtype = "bfloat16"
-    """Compute dtype of forward/backward (FSDP2 MixedPrecisionPolicy.param_dtype)."""
+    param_dtype: DtypeChoice = "auto"
+    """Compute dtype of forward/backward (FSDP2 MixedPrecisionPolicy.param_dtype); auto:
+    bfloat16 where the device computes it natively, else float32 (hybrid/dtypes.py)."""
     reduce_dtype: Dtype = "float32"
     """Dtype of the gradient reduce-scatter."""
     master_dtype: Dtype = "float32"
@@ -186,7 +184,8 @@ class ActorConfig:
         for i, beta in enumerate(self.betas):
             if not 0 <= beta < 1:
                 raise ValueError(f"actor.betas[{i}] must be in [0, 1), got {beta}")
-        for name in ("param_dtype", "reduce_dtype", "master_dtype"):
+        check_choice("actor", "param_dtype", self.param_dtype, DTYPE_CHOICES)
+        for name in ("reduce_dtype", "master_dtype"):
             check_choice("actor", name, getattr(self, name), DTYPES)
 
 
@@ -194,8 +193,8 @@ class ActorConfig:
 class RefConfig:
     param_offload: bool = False
     """Keep the reference weights on CPU between uses (CUDA only; no-op on CPU)."""
-    param_dtype: Dtype = "bfloat16"
-    """Dtype the frozen reference is stored and computed in."""
+    param_dtype: DtypeChoice = "auto"
+    """Dtype the frozen reference is stored and computed in; auto as actor.param_dtype."""
     micro_batch_size: int = 8
     """Rows per forward pass (without use_dynamic_bsz)."""
     use_dynamic_bsz: bool = False
@@ -209,7 +208,7 @@ class RefConfig:
             micro_batch_size=self.micro_batch_size,
             log_prob_max_token_len_per_gpu=self.log_prob_max_token_len_per_gpu,
         )
-        check_choice("ref", "param_dtype", self.param_dtype, DTYPES)
+        check_choice("ref", "param_dtype", self.param_dtype, DTYPE_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,9 @@ class HybridWorkerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
 
+    def compute_dtypes(self, hardware: Hardware) -> ComputeDtypes:
+        """actor / ref / rollout dtypes with `auto` resolved for `hardware`."""
+        return ComputeDtypes.resolve(
+            self.actor.param_dtype, self.ref.param_dtype, self.rollout.dtype, hardware
+        )
 
-def dtype_of(name: str) -> torch.dtype:
-    """The torch dtype of a config dtype name."""
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]

@@ -37,9 +37,10 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
 from hybrid.workers.config import LoraConfig
-from hybrid.workers.lora import add_adapters, hf_name, initial_adapter, is_lora_name
+from hybrid.workers.lora import add_adapters, initial_adapter
 
 MESH_DIM_NAME = "fsdp"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -1,13 +1,8 @@
-"""LoRA on the actor: peft adapters on a meta-device model, their names and their files.
+"""LoRA on the actor: peft adapters on a meta-device model, and their checks.
 
 The actor is a `peft.PeftModel` around the Hugging Face model, wrapped before FSDP2 shards
-it. Three name spaces meet here:
-  peft (in the model):  base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight
-                        base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
-  Hugging Face:         model.layers.0.self_attn.q_proj.weight  (checkpoints, vLLM's loader)
-  peft files:           base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
-                        (adapter_model.safetensors: the adapter name dropped)
-`hf_name` and `adapter_file_name` map the first to the other two.
+it. The tensor names and the adapter files it shares with the sync are in
+hybrid/sharding/lora_files.py.
 
 Adapters start as peft initialises them: A ~ kaiming-uniform (bound 1/sqrt(in_features)), B = 0,
 so the adapted model equals the base model at step 0. The values are drawn on rank 0 from a
@@ -17,39 +12,18 @@ seeded generator, so every run starts from the same adapter.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from hybrid.sharding.lora_files import ADAPTER_NAME, AdapterSpec, is_lora_name
 from hybrid.workers.config import ALL_LINEAR, LoraConfig
 
-ADAPTER_NAME = "default"
 LORA_ADAPTER_DIR = "lora_adapter"
 """Where checkpoints and the final output keep the adapter (peft format)."""
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
-_PEFT_PREFIX = "base_model.model."
-_LORA_MARK = ".lora_"
-
-
-def is_lora_name(name: str) -> bool:
-    return _LORA_MARK in name
-
-
-def hf_name(peft_name: str) -> str:
-    """The Hugging Face name of a base parameter of the peft model."""
-    name = peft_name.removeprefix(_PEFT_PREFIX)
-    return name.replace(".base_layer.", ".")
-
-
-def adapter_file_name(peft_name: str) -> str:
-    """The name an adapter tensor has in a peft adapter file (and for vLLM's LoRA loader)."""
-    return peft_name.replace(f".{ADAPTER_NAME}.", ".")
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
@@ -159,51 +133,12 @@ def initial_adapter(
     return tensors
 
 
-def merge_into_base(
-    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """W + scaling * B @ A, computed in fp32, returned in the base's dtype."""
-    merged = base.float() + scaling * (lora_b.float() @ lora_a.float())
-    return merged.to(base.dtype)
-
-
-def write_adapter(
-    directory: Path,
-    tensors: dict[str, torch.Tensor],
-    lora: LoraConfig,
-    target: list[str],
-    base_model_path: str,
-) -> Path:
-    """A peft adapter directory: safetensors with peft's file names + adapter_config.json.
-    `tensors` are keyed by the model's peft names."""
-    write_adapter_config(directory, lora, target, base_model_path)
-    return write_adapter_weights(directory, tensors)
-
-
-def write_adapter_config(
-    directory: Path, lora: LoraConfig, target: list[str], base_model_path: str
-) -> None:
-    from peft import LoraConfig as PeftLoraConfig
-
-    directory.mkdir(parents=True, exist_ok=True)
-    PeftLoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=sorted(target),
-        bias="none",
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=base_model_path,
-        inference_mode=True,
-    ).save_pretrained(str(directory))
-
-
-def write_adapter_weights(directory: Path, tensors: dict[str, torch.Tensor]) -> Path:
-    """(Re)write the adapter's safetensors file; a reader never sees a half-written file."""
-    from safetensors.torch import save_file
-
-    weights = {adapter_file_name(k): v.contiguous() for k, v in tensors.items()}
-    partial = directory / f".{ADAPTER_WEIGHTS}.partial"
-    save_file(weights, str(partial), metadata={"format": "pt"})
-    os.replace(partial, directory / ADAPTER_WEIGHTS)
-    return directory
+def adapter_spec(peft_model: nn.Module, lora: LoraConfig, base_model_path: str) -> AdapterSpec:
+    """The adapter's description for its files and the sync ("all-linear" resolved)."""
+    return AdapterSpec(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=tuple(adapted_modules(peft_model)),
+        base_model_path=base_model_path,
+    )

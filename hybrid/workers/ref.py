@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
+from hybrid.dtypes import Hardware, torch_dtype
 from hybrid.memory.components import ByDevice, parameter_bytes
 from hybrid.memory.ledger import process_ledger
 from hybrid.sharding.offload import Offloader
-from hybrid.workers.config import HybridWorkerConfig, dtype_of
+from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model
 from hybrid.workers.parallel import init_parallel
@@ -24,7 +25,7 @@ class ReferenceWorker(Worker):
         c = self.config
         parallel = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
         self.device = parallel.device
-        dtype = dtype_of(c.ref.param_dtype)
+        dtype = torch_dtype(c.compute_dtypes(Hardware.detect(self.device)).ref)
         self.model = build_fsdp_model(
             c.model.path,
             parallel.fsdp_mesh,

@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybrid.memory.records import read_records
+from hybrid.sharding.lora_files import ADAPTER_WEIGHTS
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
-from hybrid.workers.lora import ADAPTER_WEIGHTS, LORA_ADAPTER_DIR
+from hybrid.workers.lora import LORA_ADAPTER_DIR
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
     child_env,

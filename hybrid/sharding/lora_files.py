@@ -1,0 +1,98 @@
+"""LoRA tensors as the sync sees them: their names, the merge, and peft adapter files.
+
+Three name spaces meet here:
+  peft (in the model):  base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight
+                        base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+  Hugging Face:         model.layers.0.self_attn.q_proj.weight  (checkpoints, vLLM's loader)
+  peft files:           base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
+                        (adapter_model.safetensors: the adapter name dropped)
+`hf_name` and `adapter_file_name` map the first to the other two. The sync (LoraSync) and the
+workers (the peft actor, adapter export) both use these; nothing here knows a worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ADAPTER_NAME = "default"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+_PEFT_PREFIX = "base_model.model."
+_LORA_MARK = ".lora_"
+
+
+def is_lora_name(name: str) -> bool:
+    return _LORA_MARK in name
+
+
+def hf_name(peft_name: str) -> str:
+    """The Hugging Face name of a base parameter of the peft model."""
+    name = peft_name.removeprefix(_PEFT_PREFIX)
+    return name.replace(".base_layer.", ".")
+
+
+def adapter_file_name(peft_name: str) -> str:
+    """The name an adapter tensor has in a peft adapter file (and for vLLM's LoRA loader)."""
+    return peft_name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def merge_into_base(
+    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """W + scaling * B @ A, computed in fp32, returned in the base's dtype."""
+    merged = base.float() + scaling * (lora_b.float() @ lora_a.float())
+    return merged.to(base.dtype)
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What an adapter_config.json says: the adapter's shape and its base model."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: tuple[str, ...]
+    """Module names that carry adapters ("all-linear" resolved)."""
+    base_model_path: str
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def write_adapter(directory: Path, tensors: dict[str, torch.Tensor], spec: AdapterSpec) -> Path:
+    """A peft adapter directory: safetensors with peft's file names + adapter_config.json.
+    `tensors` are keyed by the model's peft names."""
+    write_adapter_config(directory, spec)
+    return write_adapter_weights(directory, tensors)
+
+
+def write_adapter_config(directory: Path, spec: AdapterSpec) -> None:
+    from peft import LoraConfig as PeftLoraConfig
+
+    directory.mkdir(parents=True, exist_ok=True)
+    PeftLoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=sorted(spec.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=spec.base_model_path,
+        inference_mode=True,
+    ).save_pretrained(str(directory))
+
+
+def write_adapter_weights(directory: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """(Re)write the adapter's safetensors file; a reader never sees a half-written file."""
+    from safetensors.torch import save_file
+
+    weights = {adapter_file_name(k): v.contiguous() for k, v in tensors.items()}
+    partial = directory / f".{ADAPTER_WEIGHTS}.partial"
+    save_file(weights, str(partial), metadata={"format": "pt"})
+    os.replace(partial, directory / ADAPTER_WEIGHTS)
+    return directory
