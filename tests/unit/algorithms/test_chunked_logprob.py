@@ -128,7 +128,11 @@ def test_gradients_match_full_logits_float32(chunk: int, terms: str) -> None:
     for got_grad, want_grad in zip(got, want, strict=True):
         assert got_grad is not None and want_grad is not None
         assert want_grad.abs().max() > 0.1
-        torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+        # fp32 rounding of differently ordered sums, relative to the gradient's scale: max
+        # |diff| / max |grad| measured 2.4e-6 (AVX-512) and 3.6e-6 (AVX2 only); a chunking
+        # error is of the gradient's own size.
+        scale = float(want_grad.abs().max())
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-5 * scale)
 
 
 @pytest.mark.parametrize("frozen", ["weight", "hidden"])
