@@ -11,12 +11,17 @@ mode-switch share < 5% of the step; the sync's own share is reported beside it.
 
 --before-after runs the same config twice, one after the other: "before" with the trainer-side
 speed-ups off (padded passes, full logits, the old-log-prob pass always run), "after" as
-configured; it prints both splits and the after/before step-time ratio. Last line: a JSON
-object.
+configured; it prints both splits and the after/before step-time ratio.
+
+--dtypes runs the config with every compute dtype (actor, ref and engine) in bfloat16 and in
+float32, alternating (bf16, fp32, bf16, fp32, ... for --rounds rounds), and reports each
+one's medians and the bf16/fp32 ratios of the step, the update and generation: how much the
+dtype `auto` picks on this machine matters here. Last line: a JSON object.
 
     python profiling/bench_step.py [--steps 30] [--preset tiny] [extra Hydra overrides...]
     python profiling/bench_step.py --before-after --preset bench-100m --steps 6 \
         rollout.response_length=64 rollout.max_model_len=128
+    python profiling/bench_step.py --dtypes --rounds 2 --steps 12
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra import compose, initialize_config_dir
 
+from hybrid.dtypes import Hardware
 from hybrid.main import build_config
 from hybrid.trainer.grpo import GRPOTrainer
 
@@ -102,18 +109,46 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+DTYPE_VARIANTS = ("bfloat16", "float32")
+
+
+def compare_dtypes(root: Path, steps: int, rounds: int, overrides: list[str]) -> dict[str, Any]:
+    """Alternate the dtype variants round by round (the machine's drift hits both alike)."""
+    rows: dict[str, list[dict[str, Any]]] = {dtype: [] for dtype in DTYPE_VARIANTS}
+    for round_index in range(rounds):
+        for dtype in DTYPE_VARIANTS:
+            chosen = [f"actor.param_dtype={dtype}", f"ref.param_dtype={dtype}"]
+            chosen.append(f"rollout.dtype={dtype}")
+            name = f"{dtype}-{round_index}"
+            rows[dtype] += run_steps(root, name, steps, [*chosen, *overrides])
+            print(f"{name}: {json.dumps(summarise(rows[dtype]))}", flush=True)
+    result = {dtype: summarise(measured) for dtype, measured in rows.items()}
+    bf16, fp32 = result["bfloat16"], result["float32"]
+    return {
+        "cpu": Hardware.detect(torch.device("cpu")).description,
+        **result,
+        "bf16_over_fp32": {
+            key: round(bf16[f"{key}_s"] / fp32[f"{key}_s"], 3) for key in ("step", "update", "gen")
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
     parser.add_argument("--before-after", action="store_true")
+    parser.add_argument("--dtypes", action="store_true", help="bf16 against fp32, alternating")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --dtypes")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         prepare(root, args.preset)
-        if not args.before_after:
-            result: dict[str, Any] = summarise(run_steps(root, "run", args.steps, args.overrides))
+        if args.dtypes:
+            result: dict[str, Any] = compare_dtypes(root, args.steps, args.rounds, args.overrides)
+        elif not args.before_after:
+            result = summarise(run_steps(root, "run", args.steps, args.overrides))
         else:
             before = summarise(run_steps(root, "before", args.steps, [*BEFORE, *args.overrides]))
             print("before:", json.dumps(before), flush=True)
