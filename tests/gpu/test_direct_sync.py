@@ -41,6 +41,7 @@ def test_direct_strategy_loads_in_place_and_matches_the_actor(tmp_path: Path) ->
         str(model_dir),
         RolloutConfig(max_model_len=128, gpu_memory_utilization=0.2),
         parallel.device,
+        "bfloat16",
     )
     try:
         modes = ModeSwitch(
@@ -51,6 +52,7 @@ def test_direct_strategy_loads_in_place_and_matches_the_actor(tmp_path: Path) ->
             MemoryLedger(),
             rollout_seed=0,
         )
+        assert engine.weight_layout == "plain"  # vLLM on CUDA keeps ordinary tensors
         ptrs = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
         with modes.rollout_mode():
             assert modes.strategy == "direct"
