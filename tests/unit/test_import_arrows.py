@@ -1,0 +1,75 @@
+"""The package's dependency arrows point one way (DESIGN.md, "Data flow"): read every module's
+imports (typing-only imports included, they are arrows too for a reader) and check the rules
+that keep the layers apart."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hybrid"
+
+# layer -> layers of ours it must never import
+FORBIDDEN = {
+    "sharding": {"workers", "trainer", "controller"},
+    "rollout": {"workers", "trainer", "sharding", "controller"},
+    "controller": {"workers", "trainer", "models", "sharding", "rollout"},
+    "algorithms": {"workers", "trainer", "sharding", "rollout", "controller", "rewards"},
+    "data": {"workers", "trainer", "sharding", "rollout", "controller", "rewards", "algorithms"},
+    "rewards": {"workers", "trainer", "sharding", "rollout", "controller", "algorithms"},
+    "workers": {"trainer"},
+}
+# Only these may import the trainer (the entry point; the memory planner reads its config
+# type for annotations only).
+TRAINER_IMPORTERS = {"main.py", "trainer", "memory"}
+
+
+def layer_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0]
+
+
+def imported_layers(path: Path) -> set[str]:
+    layers = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "hybrid" and len(parts) > 1:
+                layers.add(parts[1])
+    return layers
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_layer_imports_only_downstream() -> None:
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports hybrid.{target}"
+        for path in modules()
+        for target in imported_layers(path) & FORBIDDEN.get(layer_of(path), set())
+    ]
+    assert not wrong, wrong
+
+
+def test_nothing_but_the_entry_point_imports_the_trainer() -> None:
+    wrong = [
+        str(path.relative_to(PACKAGE))
+        for path in modules()
+        if "trainer" in imported_layers(path) and layer_of(path) not in TRAINER_IMPORTERS
+    ]
+    assert not wrong, wrong
+
+
+def test_the_rules_see_real_imports() -> None:
+    # A check that reads nothing passes vacuously: the sync does import the engine.
+    assert "rollout" in imported_layers(PACKAGE / "sharding" / "loader.py")
+    assert "sharding" in imported_layers(PACKAGE / "workers" / "actor_rollout.py")
