@@ -33,7 +33,7 @@ from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
-from hybrid.workers.actor_rollout import ActorRolloutWorker
+from hybrid.workers.actor_rollout import ActorRolloutWorker, WorkerFacts
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.ref import ReferenceWorker
 
@@ -98,11 +98,28 @@ class GRPOTrainer:
         views = self.group.spawn(prefix_set={"actor_rollout", "ref"})
         self.actor, self.ref = views["actor_rollout"], views["ref"]
         self.actor.init_model()
+        # What the workers resolved (dtypes for `auto`, the sync strategy for the engine's
+        # weight layout): rank 0 speaks for all, since every rank sees the same hardware kind.
+        self.worker_facts: WorkerFacts = self.actor.describe()[0]
+        self.write_resolved_config()
         # With LoRA the reference is the actor's own base (adapters disabled): no second model.
         self.reference = self.actor if c.model.lora.enabled else self.ref
         if c.actor.use_kl_loss and not c.model.lora.enabled:
             self.ref.init_model()
         self.log_memory(0)
+
+    def write_resolved_config(self) -> None:
+        """config.json with `auto` dtypes replaced by what the workers chose (the memory report
+        plans from it)."""
+        c, facts = self.config, self.worker_facts
+        resolved = dataclasses.replace(
+            c,
+            actor=dataclasses.replace(c.actor, param_dtype=facts["actor_dtype"]),
+            ref=dataclasses.replace(c.ref, param_dtype=facts["ref_dtype"]),
+            rollout=dataclasses.replace(c.rollout, dtype=facts["rollout_dtype"]),
+        )
+        path = Path(c.trainer.output_dir) / "config.json"
+        path.write_text(json.dumps(dataclasses.asdict(resolved), indent=1))
 
     def stop_workers(self) -> None:
         self.actor.shutdown_engine()
