@@ -9,7 +9,7 @@ PIP_OPTS ?=
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck install clean
+.PHONY: demo test test-full lint typecheck install clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(PY) -m pytest
+
+# Everything, the `full` variants too (more architectures x LoRA; deselected by `make test`).
+test-full: lint typecheck
+	$(PY) -m pytest -m "full or not full"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -2,17 +2,21 @@
 
 Hydra composes configs/config.yaml with the command-line overrides; the result is converted
 once into the typed tree (hybrid.trainer.config) and validated before any worker starts.
+With the default model and data paths missing (a fresh checkout), the demo's tiny model and
+arithmetic task are built first (hybrid/trainer/demo_assets.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
 from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.trainer.schema import from_dict
 
@@ -22,11 +26,20 @@ def build_config(cfg: DictConfig) -> TrainerRunConfig:
     assert isinstance(data, dict)
     data.pop("hydra", None)
     config = from_dict(TrainerRunConfig, data)
+    # A fresh checkout has no outputs/demo: the default run builds its own model and data.
+    built = build_missing_demo_assets(config)
+    if built:
+        print(demo_notice(built), flush=True)
     config.check_paths()
     return config
 
 
-@hydra.main(version_base=None, config_path="../configs", config_name="config")
+# Absolute: Hydra resolves a relative config_path as a package (`pkg://configs`) when the
+# caller is imported rather than run as a file, which the console script hybrid-train does.
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = build_config(cfg)

@@ -1,8 +1,8 @@
 """The synthetic task the tiny arithmetic-vocab model learns: "a+b=" -> str(a + b).
 
-Prompts use only digits, "+" and "=", the characters of the "arithmetic" vocabulary
-(hybrid/models/tokenizer.py), so no character is dropped by its tokenizer. a and b are drawn
-uniformly from [0, max_operand); with the default 5 every sum is one digit (0..8).
+A command line around hybrid/data/arithmetic_task.py (the generator lives in the package so
+that `python -m hybrid.main` can build the demo data itself; both write the same bytes).
+a and b are drawn uniformly from [0, max_operand); with the default 5 every sum is one digit.
 
     python examples/data/arithmetic.py --output-dir data/arithmetic [--num-train 1000]
 """
@@ -12,29 +12,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from hybrid.data.arithmetic_task import DATA_SOURCE, make_rows, write_arithmetic_task
 
-from hybrid.data.dataset import write_rows
-
-DATA_SOURCE = "arithmetic"
-
-
-def make_rows(
-    num_rows: int, max_operand: int, split: str, rng: np.random.Generator
-) -> list[dict[str, Any]]:
-    """`num_rows` prompts "a+b=" with a, b drawn from [0, max_operand)."""
-    operands = rng.integers(0, max_operand, size=(num_rows, 2)).tolist()
-    return [
-        {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": split, "index": index, "a": a, "b": b},
-        }
-        for index, (a, b) in enumerate(operands)
-    ]
+__all__ = ["DATA_SOURCE", "main", "make_rows"]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
@@ -49,12 +30,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     for name in ("num_train", "num_test", "max_operand"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    rng = np.random.default_rng(args.seed)
-    written = {}
+    written = write_arithmetic_task(
+        args.output_dir, args.num_train, args.num_test, args.seed, args.max_operand
+    )
     for split, num_rows in (("train", args.num_train), ("test", args.num_test)):
-        rows = make_rows(num_rows, args.max_operand, split, rng)
-        written[split] = write_rows(rows, args.output_dir / f"{split}.parquet")
-        print(f"wrote {len(rows)} rows to {written[split]}")
+        print(f"wrote {num_rows} rows to {written[split]}")
     return written
 
 

@@ -1,12 +1,19 @@
-"""Locally built Qwen2 models and character-level tokenizers for tests and benchmarks.
+"""Locally built decoder models (Qwen2, Llama, Mistral, Qwen3) and character-level tokenizers
+for tests and benchmarks.
 
 `build_tiny_model(dir, TinyModelConfig.preset("tiny"), seed=0)` writes a complete Hugging
 Face model directory (config, generation config, safetensors weights, byte-level tokenizer
 with a ChatML template) that transformers and vLLM load offline; nothing is downloaded.
 """
 
-from hybrid.models.config import TinyModelConfig
-from hybrid.models.tiny import build_tiny_model, count_parameters, init_state_dict, qwen2_config
+from hybrid.models.config import ARCHITECTURES, Architecture, TinyModelConfig
+from hybrid.models.tiny import (
+    build_tiny_model,
+    count_parameters,
+    hf_config,
+    init_state_dict,
+    qwen2_config,
+)
 from hybrid.models.tokenizer import (
     build_tokenizer,
     load_tokenizer,
@@ -15,10 +22,13 @@ from hybrid.models.tokenizer import (
 )
 
 __all__ = [
+    "ARCHITECTURES",
+    "Architecture",
     "TinyModelConfig",
     "build_tiny_model",
     "build_tokenizer",
     "count_parameters",
+    "hf_config",
     "init_state_dict",
     "load_tokenizer",
     "qwen2_config",

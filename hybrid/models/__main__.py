@@ -1,29 +1,39 @@
-"""`python -m hybrid.models --output-dir DIR [--preset tiny] [--vocab arithmetic] [--seed 0]`:
-write a tiny Qwen2 model directory (deterministic: same arguments, same bytes)."""
+"""`python -m hybrid.models --output-dir DIR [--preset tiny] [--architecture llama] [--vocab arithmetic] [--seed 0]`:
+write a tiny model directory (deterministic: same arguments, same bytes).
+
+`--architecture` picks the Hugging Face family (qwen2 by default, llama, mistral, qwen3);
+`--untied` gives the LM head its own matrix instead of sharing the input embedding."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from hybrid.models import TinyModelConfig, build_tiny_model, count_parameters
+from hybrid.models.config import ARCHITECTURES
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
+    parser.add_argument("--architecture", default="qwen2", choices=ARCHITECTURES)
+    parser.add_argument("--untied", action="store_true", help="separate LM head (not tied)")
     parser.add_argument("--vocab", default="text", choices=["text", "arithmetic"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--initializer-range", type=float, default=None)
     args = parser.parse_args(argv)
-    overrides = {"vocab": args.vocab}
+    overrides: dict[str, Any] = {"architecture": args.architecture, "vocab": args.vocab}
+    if args.untied:
+        overrides["tie_word_embeddings"] = False
     if args.initializer_range is not None:
         overrides["initializer_range"] = args.initializer_range
     config = TinyModelConfig.preset(args.preset, **overrides)
     path = build_tiny_model(args.output_dir, config, seed=args.seed)
     print(
-        f"wrote {args.preset} Qwen2 ({count_parameters(config):,} parameters, vocab {args.vocab}) to {path}"
+        f"wrote {args.preset} {args.architecture} ({count_parameters(config):,} parameters, "
+        f"vocab {args.vocab}, {'untied' if args.untied else 'tied'}) to {path}"
     )
     return path
 

@@ -1,7 +1,8 @@
-"""`TinyModelConfig`: the typed, validated shape of a Qwen2-architecture model built locally.
+"""`TinyModelConfig`: the typed, validated shape of a decoder model built locally.
 
-Owns the sizes, the vocabulary choice, the checkpoint dtype and the named presets (`tiny` for
-tests and CPU runs, `bench-100m` for benchmarks). No torch or transformers import here.
+Owns the architecture family (Qwen2, Llama, Mistral, Qwen3), the sizes, the vocabulary choice,
+the checkpoint dtype and the named presets (`tiny` for tests and CPU runs, `bench-100m` for
+benchmarks). No torch or transformers import here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, Literal, get_args
 
 from hybrid.models.tokenizer import VOCAB_NAMES, VocabName
 
+Architecture = Literal["qwen2", "llama", "mistral", "qwen3"]
+ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
 CheckpointDtype = Literal["bfloat16", "float32"]
 PresetName = Literal["tiny", "bench-100m"]
 MIN_HEAD_DIM = 32
@@ -19,8 +22,14 @@ MIN_HEAD_DIM = 32
 
 @dataclass(frozen=True)
 class TinyModelConfig:
-    """Sizes of a Qwen2ForCausalLM built from scratch (defaults: the ~0.3M-parameter test model)."""
+    """Family and sizes of a decoder built from scratch (defaults: the ~0.3M-parameter Qwen2
+    test model)."""
 
+    architecture: Architecture = "qwen2"
+    """Hugging Face family, each with its own defaults (hybrid/models/tiny.py `hf_config`):
+    "qwen2" (Qwen2ForCausalLM: q/k/v biases), "llama" (LlamaForCausalLM: no biases), "mistral"
+    (MistralForCausalLM: no biases, sliding window off), "qwen3" (Qwen3ForCausalLM: no
+    biases, RMS norms on q and k per head). All are SwiGLU + RoPE + RMSNorm with GQA."""
     hidden_size: int = 128
     """Width of the residual stream."""
     num_hidden_layers: int = 2
@@ -76,6 +85,10 @@ class TinyModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads}) must divide "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}"
+            )
         if self.vocab not in VOCAB_NAMES:
             raise ValueError(f"vocab must be one of {VOCAB_NAMES}, got {self.vocab!r}")
         if self.dtype not in get_args(CheckpointDtype):
@@ -98,7 +111,8 @@ class TinyModelConfig:
 
         - "tiny": the defaults (hidden 128, 2 layers, 2 heads, 1 KV head), ~0.3M parameters.
         - "bench-100m": hidden 768, 12 layers, 12 heads (head_dim 64), 4 KV heads,
-          MLP 3072, 2048 positions: ~104M parameters, Qwen2-shaped, for benchmarks.
+          MLP 3072, 2048 positions: ~104M parameters, for benchmarks.
+        Both are Qwen2 unless `architecture` is overridden.
         """
         if name not in _PRESETS:
             raise ValueError(f"preset must be one of {tuple(_PRESETS)}, got {name!r}")

@@ -1,7 +1,9 @@
-"""Deterministic builder of small Qwen2 checkpoints (weights, configs, tokenizer) on local disk.
+"""Deterministic builder of small decoder checkpoints (weights, configs, tokenizer) on local disk.
 
 Owns `build_tiny_model`: a complete Hugging Face model directory that
-`AutoModelForCausalLM`, `AutoTokenizer` and vLLM load without network. Weights are drawn
+`AutoModelForCausalLM`, `AutoTokenizer` and vLLM load without network, for the families of
+`TinyModelConfig.architecture` (Qwen2, Llama, Mistral, Qwen3), each with its own defaults for
+attention biases and norms (`hf_config`); the tokenizer is the same for all. Weights are drawn
 tensor by tensor from a private `torch.Generator` seeded with `seed` (the global RNG is never
 touched), in parameter-name order, in fp32 and then cast to the checkpoint dtype; no model is
 materialised (shapes come from a meta-device model), so the ~100M benchmark model builds in
@@ -14,10 +16,19 @@ are overwritten; other files are left alone.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from hybrid.models.config import TinyModelConfig
 from hybrid.models.tokenizer import (
@@ -34,10 +45,9 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _DEFAULT_CONFIG = TinyModelConfig()
 
 
-def qwen2_config(config: TinyModelConfig) -> Qwen2Config:
-    """The transformers config of the model `config` describes (vocab_size from its tokenizer)."""
-    return Qwen2Config(
-        architectures=["Qwen2ForCausalLM"],
+def _common_kwargs(config: TinyModelConfig) -> dict[str, Any]:
+    """The transformers config fields every family shares."""
+    return dict(
         vocab_size=vocab_size(config.vocab),
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
@@ -45,7 +55,6 @@ def qwen2_config(config: TinyModelConfig) -> Qwen2Config:
         num_key_value_heads=config.num_key_value_heads,
         intermediate_size=config.intermediate_size,
         max_position_embeddings=config.max_position_embeddings,
-        max_window_layers=config.num_hidden_layers,
         tie_word_embeddings=config.tie_word_embeddings,
         initializer_range=config.initializer_range,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
@@ -57,13 +66,58 @@ def qwen2_config(config: TinyModelConfig) -> Qwen2Config:
     )
 
 
+def qwen2_config(config: TinyModelConfig) -> Qwen2Config:
+    """The Qwen2Config of a qwen2 `config` (q/k/v projections with bias, no sliding window)."""
+    if config.architecture != "qwen2":
+        raise ValueError(f"qwen2_config needs architecture 'qwen2', got {config.architecture!r}")
+    return Qwen2Config(
+        architectures=["Qwen2ForCausalLM"],
+        **_common_kwargs(config),
+        max_window_layers=config.num_hidden_layers,
+    )
+
+
+def hf_config(config: TinyModelConfig) -> PretrainedConfig:
+    """The transformers config of the model `config` describes (vocab_size from its tokenizer),
+    with each family's own defaults: biases on q/k/v for Qwen2 only, q/k norms for Qwen3, no
+    sliding window anywhere (vLLM's CPU attention and our log-prob checks assume full
+    attention). head_dim is written out where the family reads it from the config."""
+    if config.architecture == "qwen2":
+        return qwen2_config(config)
+    common = _common_kwargs(config)
+    if config.architecture == "llama":
+        return LlamaConfig(
+            architectures=["LlamaForCausalLM"],
+            **common,
+            head_dim=config.head_dim,
+            attention_bias=False,
+            mlp_bias=False,
+        )
+    if config.architecture == "mistral":
+        return MistralConfig(
+            architectures=["MistralForCausalLM"],
+            **common,
+            head_dim=config.head_dim,
+            sliding_window=None,
+        )
+    assert config.architecture == "qwen3", config.architecture
+    return Qwen3Config(
+        architectures=["Qwen3ForCausalLM"],
+        **common,
+        head_dim=config.head_dim,
+        attention_bias=False,
+        use_sliding_window=False,
+        max_window_layers=config.num_hidden_layers,
+    )
+
+
 def parameter_shapes(config: TinyModelConfig) -> dict[str, torch.Size]:
     """HF parameter names and shapes, in module order, tied weights listed once.
 
     Built on the meta device: no memory is allocated, whatever the size.
     """
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(qwen2_config(config))
+        model = AutoModelForCausalLM.from_config(hf_config(config))
     return {name: param.shape for name, param in model.named_parameters()}
 
 
@@ -96,11 +150,12 @@ def build_tiny_model(
     output_dir: str | Path, config: TinyModelConfig = _DEFAULT_CONFIG, seed: int = 0
 ) -> Path:
     """Write config.json, generation_config.json, model.safetensors and the tokenizer files
-    of a fresh Qwen2ForCausalLM into `output_dir` (created if needed) and return it."""
+    of a fresh model of `config.architecture` into `output_dir` (created if needed) and
+    return it."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    hf_config = qwen2_config(config)
-    hf_config.save_pretrained(output_dir)
+    model_config = hf_config(config)
+    model_config.save_pretrained(output_dir)
     generation_config = GenerationConfig(
         bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID
     )
@@ -108,6 +163,6 @@ def build_tiny_model(
     save_file(init_state_dict(config, seed), output_dir / WEIGHTS_NAME, metadata={"format": "pt"})
     tokenizer = build_tokenizer(config.vocab, config.max_position_embeddings)
     # vLLM refuses a tokenizer larger than the embedding; ours are built to be equal.
-    assert len(tokenizer) == hf_config.vocab_size
+    assert len(tokenizer) == model_config.vocab_size
     save_tokenizer(tokenizer, output_dir)
     return output_dir

@@ -1,13 +1,21 @@
-"""Where checkpoints live and which one a resume picks.
+"""Where checkpoints live, which one a resume picks, and which old ones retention deletes.
 
 `<output_dir>/checkpoints/step_<N>` holds the workers' sharded state plus the driver's
 (step, data position). Workers write to a temporary name and rename when complete, so any
-`step_<N>` directory present is whole; a kill mid-save leaves the previous one intact.
+`step_<N>` directory present is whole; a kill mid-save leaves the previous one intact (and a
+`step_<N>.tmp` or `step_<N>.old` directory, which is never counted as a checkpoint).
+
+Retention (`trainer.max_checkpoints_to_keep`, like verl's max_actor_ckpt_to_keep): after a
+save completes, the complete checkpoints beyond the newest `keep` are deleted, oldest first.
+The latest (what a resume loads) and the one just written are never deleted, so an old one
+goes only once a newer one is complete.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -17,13 +25,40 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step}"
 
 
-def latest_checkpoint(output_dir: str | Path) -> tuple[int, Path] | None:
+def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint, oldest first."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
-        return None
-    steps = [
+        return []
+    return sorted(
         (int(m.group(1)), p)
         for p in root.iterdir()
         if p.is_dir() and (m := _STEP_DIR.match(p.name))
-    ]
-    return max(steps) if steps else None
+    )
+
+
+def latest_checkpoint(output_dir: str | Path) -> tuple[int, Path] | None:
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def checkpoints_to_delete(
+    complete: Sequence[tuple[int, Path]], keep: int | None, just_saved: int | None = None
+) -> list[Path]:
+    """The directories retention deletes, oldest first: all but the newest `keep` of the
+    complete checkpoints (None: none), never the checkpoint of step `just_saved`."""
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"trainer.max_checkpoints_to_keep must be >= 1, got {keep}")
+    ordered = sorted(complete)
+    stale = ordered[: max(len(ordered) - keep, 0)]
+    return [path for step, path in stale if step != just_saved]
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int | None, just_saved: int) -> list[Path]:
+    """Delete what `checkpoints_to_delete` names under output_dir; returns the deleted dirs."""
+    doomed = checkpoints_to_delete(complete_checkpoints(output_dir), keep, just_saved)
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed

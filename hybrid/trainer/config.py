@@ -83,6 +83,9 @@ class TrainerConfig:
     """Join this Ray cluster instead of starting one (also RAY_ADDRESS)."""
     save_freq: int = 0
     """Checkpoint every N steps (0: only at the end)."""
+    max_checkpoints_to_keep: int | None = None
+    """Keep only the newest N complete checkpoints in output_dir/checkpoints (None: keep all);
+    older ones are deleted after a newer one is complete, the latest never."""
     test_freq: int = 0
     """Validate every N steps (0: never during training)."""
     val_before_train: bool = False
@@ -118,6 +121,11 @@ class TrainerConfig:
                     f"{self.total_steps}], got {self.memory_snapshot_step}"
                 )
         check_choice("trainer", "resume", self.resume, ("auto", "disable"))
+        if self.max_checkpoints_to_keep is not None and self.max_checkpoints_to_keep < 1:
+            raise ValueError(
+                "trainer.max_checkpoints_to_keep must be >= 1 (or null: keep all), "
+                f"got {self.max_checkpoints_to_keep}"
+            )
         for sink in self.loggers:
             check_choice("trainer", "loggers", sink, get_args(Sink))
 
@@ -136,6 +144,12 @@ class TrainerRunConfig:
 
     def __post_init__(self) -> None:
         workers, n = self.trainer.num_workers, self.rollout.n
+        if self.actor.mini_batch_size is not None:
+            raise ValueError(
+                f"actor.mini_batch_size ({self.actor.mini_batch_size}) is derived from "
+                "algorithm.ppo_mini_batch_size x rollout.n / trainer.num_workers: set "
+                "algorithm.ppo_mini_batch_size instead"
+            )
         if n < 2:
             raise ValueError(
                 f"rollout.n must be >= 2 for GRPO (a group needs several samples), got {n}"

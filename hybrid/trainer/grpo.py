@@ -30,7 +30,7 @@ from hybrid.models import load_tokenizer
 from hybrid.rewards.manager import RewardManager
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.trainer.balance import balanced_order
-from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
+from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint, prune_checkpoints
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
 from hybrid.workers.actor_rollout import ActorRolloutWorker, WorkerFacts
@@ -280,6 +280,10 @@ class GRPOTrainer:
         )
         if self.config.model.lora.enabled:  # the adapter alone, in peft's format
             self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
+        # Only now is this checkpoint complete: the older ones beyond the limit may go.
+        keep = self.config.trainer.max_checkpoints_to_keep
+        for old in prune_checkpoints(self.config.trainer.output_dir, keep, self.step):
+            logger.info("deleted checkpoint %s (trainer.max_checkpoints_to_keep=%s)", old, keep)
 
     def _maybe_resume(self) -> None:
         if self.config.trainer.resume != "auto":

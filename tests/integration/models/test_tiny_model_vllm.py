@@ -1,4 +1,5 @@
-"""vLLM (CPU backend) loads a built tiny model, and its log-probs agree with transformers'.
+"""vLLM (CPU backend) loads a built tiny model of every architecture family (Qwen2 tied and
+untied, Llama, Mistral, Qwen3), and its log-probs agree with transformers'. One engine per case.
 
 vLLM runs in a child process: other tests use torch.distributed in the pytest process, and an
 in-process engine would initialise its own world there. The child writes its tokens and
@@ -17,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.models import Architecture, TinyModelConfig, build_tiny_model
 from hybrid.models.tokenizer import VocabName
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -32,6 +33,7 @@ from vllm import LLM, SamplingParams
 model_dir, out_path, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 llm = LLM(model=model_dir, dtype="bfloat16", enforce_eager=True,
           kv_cache_memory_bytes=64 << 20, max_model_len=256, seed=0)
+architecture = llm.llm_engine.model_config.architecture
 tokenizer = llm.get_tokenizer()
 texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                        add_generation_prompt=True, tokenize=False)
@@ -42,6 +44,7 @@ for out in llm.generate(texts, params, use_tqdm=False):
     completion = out.outputs[0]
     ids = list(completion.token_ids)
     results.append({
+        "architecture": architecture,
         "prompt": out.prompt,
         "prompt_ids": list(out.prompt_token_ids),
         "ids": ids,
@@ -78,17 +81,43 @@ def _hf_logprobs(model: torch.nn.Module, prompt_ids: list[int], ids: list[int]) 
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
 
 
-@pytest.mark.parametrize("vocab", ["text", "arithmetic"])
-def test_vllm_generates_with_hf_logprobs(tmp_path: Path, vocab: VocabName) -> None:
-    model_dir = build_tiny_model(tmp_path / "model", TinyModelConfig(vocab=vocab), seed=0)
+# (architecture, vocab, tied LM head): the default Qwen2 in both vocabularies, then one case per
+# other family, tied and untied as their small released checkpoints mostly are.
+CASES: list[tuple[Architecture, VocabName, bool]] = [
+    ("qwen2", "text", True),
+    ("qwen2", "arithmetic", False),
+    ("llama", "text", False),
+    ("mistral", "text", False),
+    ("qwen3", "text", True),
+]
+VLLM_CLASSES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+@pytest.mark.parametrize(
+    ("architecture", "vocab", "tied"),
+    CASES,
+    ids=[f"{a}-{v}-{'tied' if t else 'untied'}" for a, v, t in CASES],
+)
+def test_vllm_generates_with_hf_logprobs(
+    tmp_path: Path, architecture: Architecture, vocab: VocabName, tied: bool
+) -> None:
+    config = TinyModelConfig(architecture=architecture, vocab=vocab, tie_word_embeddings=tied)
+    model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
     results = _run_vllm(model_dir, tmp_path / "vllm.json")
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    assert type(model).__name__ == VLLM_CLASSES[architecture]
     vocab_size = model.config.vocab_size
     max_diff = 0.0
     assert len(results) == len(PROMPTS)
     for result in results:
+        assert result["architecture"] == VLLM_CLASSES[architecture]
         # vLLM rebuilt the same tokenizer: same prompt ids as transformers.
         assert result["prompt_ids"] == tokenizer(result["prompt"])["input_ids"]
         ids = result["ids"]
@@ -99,5 +128,7 @@ def test_vllm_generates_with_hf_logprobs(tmp_path: Path, vocab: VocabName) -> No
         hf = _hf_logprobs(model, result["prompt_ids"], ids)
         diff = (hf - torch.tensor(result["logprobs"])).abs().max().item()
         max_diff = max(max_diff, diff)
-    print(f"vocab={vocab}: max |logprob_vllm - logprob_hf| = {max_diff:.5f}")
+    print(
+        f"{architecture} vocab={vocab} tied={tied}: max |logprob_vllm - logprob_hf| = {max_diff:.5f}"
+    )
     assert max_diff <= LOGPROB_ATOL

@@ -48,7 +48,7 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 base, adapter, prompts, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-llm = LLM(model=base, dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=32 << 20,
+llm = LLM(model=base, dtype=sys.argv[5], enforce_eager=True, kv_cache_memory_bytes=32 << 20,
           max_model_len=64, enable_lora=True, max_lora_rank=8, max_loras=1)
 params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
@@ -128,9 +128,12 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     merged = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
     assert hf_greedy(merged, prompts) == peft_tokens  # the merged export is the adapted model
 
+    # The fresh engine computes in the dtype the run's engine resolved to (config.json): a
+    # trained adapter's near-ties can break differently in bf16 and fp32.
+    engine_dtype = json.loads((out / "config.json").read_text())["rollout"]["dtype"]
     child = subprocess.run(
         [sys.executable, "-c", _VLLM_GREEDY, str(assets / "model"), str(adapter),
-         json.dumps(prompts), str(NEW_TOKENS)],
+         json.dumps(prompts), str(NEW_TOKENS), engine_dtype],
         env=child_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert child.returncode == 0, child.stderr[-3000:]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from hybrid.data.arithmetic_task import write_arithmetic_task
 from hybrid.data.dataset import PromptDataset, read_rows
 from hybrid.models import TinyModelConfig, build_tiny_model, load_tokenizer, unknown_characters
 
@@ -156,6 +157,16 @@ def test_arithmetic_is_deterministic_per_seed(tmp_path: Path) -> None:
     assert contents(generate(1, "c")) != contents(first)
     wide = generate(0, "d", "--max-operand", "50")
     assert max(int(r["reward_model"]["ground_truth"]) for r in wide) > 9
+
+
+def test_arithmetic_script_and_package_write_the_same_bytes(tmp_path: Path) -> None:
+    # The entry point builds the demo data from the package (hybrid/trainer/demo_assets.py).
+    by_script = run_main("arithmetic", tmp_path / "script", "--seed", "0")
+    by_package = write_arithmetic_task(tmp_path / "package", seed=0)
+    for split in ("train", "test"):
+        assert by_script[split].read_bytes() == by_package[split].read_bytes(), split
+    with pytest.raises(ValueError, match="num_test must be >= 1, got 0"):
+        write_arithmetic_task(tmp_path / "bad", num_test=0)
 
 
 # ---- Countdown ------------------------------------------------------------------------------

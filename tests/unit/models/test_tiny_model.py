@@ -1,8 +1,10 @@
-"""The tiny-model builder: transformers loads what it writes, and it is deterministic."""
+"""The tiny-model builder: transformers loads what it writes for every architecture family, and
+it is deterministic."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -10,12 +12,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybrid.models import (
+    ARCHITECTURES,
+    Architecture,
     TinyModelConfig,
     build_tiny_model,
     count_parameters,
     unknown_characters,
     vocab_size,
 )
+from hybrid.models.__main__ import main as models_cli
+from hybrid.models.tiny import WEIGHTS_NAME, parameter_shapes
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +32,29 @@ EXPECTED_FILES = {
     "special_tokens_map.json",
     "tokenizer.json",
     "tokenizer_config.json",
+}
+
+
+# What the builder wrote before `architecture` existed (seed 0, default config): the default
+# must keep writing exactly this, so every existing test model and benchmark stays the same.
+DEFAULT_WEIGHTS_SHA256 = "70fa3025376d7fc08c0ab0794d3ee6e307cb8cdfa13758838c0315b06a589606"
+DEFAULT_CONFIG_JSON = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 0,
+    "dtype": "bfloat16", "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 128,
+    "initializer_range": 0.02, "intermediate_size": 256,
+    "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 512,
+    "max_window_layers": 2, "model_type": "qwen2", "num_attention_heads": 2,
+    "num_hidden_layers": 2, "num_key_value_heads": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "sliding_window": None,
+    "tie_word_embeddings": True, "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 272,
+}  # fmt: skip
+# Per family: HF class, q/k/v biases, q/k norms (as each family has them by default).
+FAMILIES: dict[Architecture, tuple[str, bool, bool]] = {
+    "qwen2": ("Qwen2ForCausalLM", True, False),
+    "llama": ("LlamaForCausalLM", False, False),
+    "mistral": ("MistralForCausalLM", False, False),
+    "qwen3": ("Qwen3ForCausalLM", False, True),
 }
 
 
@@ -136,9 +165,81 @@ def test_build_is_byte_identical_and_seeded(tiny_dir: Path, tmp_path: Path) -> N
     }
 
 
+def test_default_is_the_unchanged_qwen2(tiny_dir: Path, tmp_path: Path) -> None:
+    assert TinyModelConfig().architecture == "qwen2"
+    config = json.loads((tiny_dir / "config.json").read_text())
+    config.pop("transformers_version")
+    assert config == DEFAULT_CONFIG_JSON
+    weights = hashlib.sha256((tiny_dir / WEIGHTS_NAME).read_bytes()).hexdigest()
+    assert weights == DEFAULT_WEIGHTS_SHA256
+    explicit = build_tiny_model(tmp_path, TinyModelConfig(architecture="qwen2"), seed=0)
+    assert _digests(explicit) == _digests(tiny_dir)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_every_architecture_loads_in_transformers(
+    architecture: Architecture, tied: bool, tiny_dir: Path, tmp_path: Path
+) -> None:
+    config = TinyModelConfig(architecture=architecture, tie_word_embeddings=tied)
+    model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
+    class_name, qkv_bias, qk_norm = FAMILIES[architecture]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    assert type(model).__name__ == class_name
+    assert model.config.model_type == architecture
+    assert model.dtype == torch.bfloat16
+    attention = model.model.layers[0].self_attn
+    assert attention.head_dim == config.head_dim >= 32
+    assert attention.k_proj.weight.shape == (config.head_dim, config.hidden_size)  # GQA: 1 KV head
+    for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert (proj.bias is not None) == qkv_bias
+    assert attention.o_proj.bias is None
+    assert hasattr(attention, "q_norm") == hasattr(attention, "k_norm") == qk_norm
+    tied_now = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert tied_now == tied
+    # Every checkpoint tensor was ours (none left to transformers' init), and counted.
+    shapes = parameter_shapes(config)
+    assert {n: p.shape for n, p in model.named_parameters()} == shapes
+    assert count_parameters(config) == sum(p.numel() for p in model.parameters())
+    # Our init: unit norms (q/k norms included), zero biases, normal(0, 0.02) matrices.
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(param, torch.ones_like(param)), name
+        elif name.endswith(".bias"):
+            assert not param.any(), name
+        else:
+            assert 0.015 < param.float().std().item() < 0.025, name
+    # The same tokenizer whatever the family: same ids, same chat template.
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    reference = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    chat = [{"role": "user", "content": "1+2= é😀"}]
+    for kwargs in ({"tokenize": False}, {"tokenize": True}):
+        assert tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, **kwargs
+        ) == reference.apply_chat_template(chat, add_generation_prompt=True, **kwargs)
+    inputs = tokenizer(["1+2=", "12+34="], return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        logits = model(**inputs).logits  # (batch, seq, vocab)
+    assert logits.shape == (2, 6, vocab_size("text")) and torch.isfinite(logits).all()
+    # Deterministic per family.
+    again = build_tiny_model(tmp_path / "again", config, seed=0)
+    assert _digests(again) == _digests(model_dir)
+
+
+def test_cli_architecture_flag(tmp_path: Path) -> None:
+    path = models_cli(
+        ["--output-dir", str(tmp_path), "--architecture", "llama", "--untied", "--vocab",
+         "arithmetic"]
+    )  # fmt: skip
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["tie_word_embeddings"] is False and config["vocab_size"] == 16
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
+        ({"architecture": "gpt2"}, "architecture"),
         ({"hidden_size": 64, "num_attention_heads": 4}, "num_attention_heads"),
         ({"hidden_size": 130}, "hidden_size"),
         (
@@ -166,5 +267,8 @@ def test_presets() -> None:
     assert bench.head_dim == 64
     assert 80e6 <= count_parameters(bench) <= 130e6  # counted on the meta device
     assert TinyModelConfig.preset("bench-100m", vocab="arithmetic").vocab == "arithmetic"
+    for architecture in ARCHITECTURES:
+        config = TinyModelConfig.preset("bench-100m", architecture=architecture)
+        assert 80e6 <= count_parameters(config) <= 130e6, architecture
     with pytest.raises(ValueError, match="preset"):
         TinyModelConfig.preset("huge")  # type: ignore[arg-type]
