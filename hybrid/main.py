@@ -4,11 +4,13 @@ Hydra composes configs/config.yaml with the command-line overrides; the result i
 once into the typed tree (hybrid.trainer.config) and validated before any worker starts.
 With the default model and data paths missing (a fresh checkout), the demo's tiny model and
 arithmetic task are built first (hybrid/trainer/demo_assets.py).
+The console shows a summary, a progress bar and a metrics line every trainer.log_freq steps;
+vLLM, Ray and library logs go to <output_dir>/logs/ unless trainer.verbose=true
+(hybrid/trainer/console.py).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
 from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.trainer.schema import from_dict
@@ -41,19 +44,13 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = build_config(cfg)
+    out, verbose = config.trainer.output_dir, config.trainer.verbose
+    configure_logging(verbose, run_log_dir(out, verbose))
     started = time.monotonic()
     trainer = GRPOTrainer(config)
     final = trainer.fit()
-    rewards = trainer.reward_history
-    window = min(10, len(rewards))
-    print(
-        f"[hybrid] {len(rewards)} steps in {time.monotonic() - started:.0f}s; mean reward of the "
-        f"first {window} steps {sum(rewards[:window]) / max(window, 1):.3f}, of the last {window} "
-        f"{sum(rewards[-window:]) / max(window, 1):.3f}; validation "
-        f"{final.get('val/reward_mean', float('nan')):.3f}; outputs in {config.trainer.output_dir}"
-    )
+    print_lines(final_summary(trainer.reward_history, time.monotonic() - started, final, out))
 
 
 def cli() -> None:

@@ -3,16 +3,24 @@
 Members share the process, and so the device and the torch.distributed world; the driver
 reaches a member's method by name through `call(member, method, ...)`. The routing is explicit:
 no class is generated at run time and nothing is patched.
+
+With a log directory, `start` first points the process's stdout and stderr (the file
+descriptors, so C-level and vLLM output too) at `<log_dir>/worker_<rank>.log`; only warnings
+of our own `hybrid.*` loggers still reach the console, once each. Errors travel as
+`WorkerCallError` with the worker's traceback, whatever the log setting.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from hybrid.controller.errors import WorkerCallError
 from hybrid.controller.rank_env import RankEnv
@@ -68,6 +76,62 @@ class MemberCall:
     kwargs: dict[str, Any]
 
 
+def worker_log_path(log_dir: str | Path, rank: int) -> Path:
+    """Where rank `rank` writes its stdout and stderr when the group has a log directory."""
+    return Path(log_dir) / f"worker_{rank}.log"
+
+
+class OnceFilter(logging.Filter):
+    """Passes each message template once per process (errors always): a warning repeated
+    every step reaches the console once; the log file has every occurrence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        key = (record.name, str(record.msg))
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
+def redirect_output(log_file: Path) -> TextIO:
+    """Send this process's fds 1 and 2 to `log_file` (appended); return a stream on the old
+    stderr, which Ray forwards to the driver's console."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console = os.fdopen(os.dup(2), "w", buffering=1)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a hard crash must not lose the last lines
+            stream.reconfigure(line_buffering=True)
+    return console
+
+
+def _quiet_worker_logging(console: TextIO) -> None:
+    """Everything at INFO to the log file (fd 2); our own warnings to the console once."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    handler = logging.StreamHandler(console)
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(OnceFilter())
+    # No rank in the line: Ray folds identical lines from several workers into one.
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("hybrid").addHandler(handler)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
@@ -81,6 +145,7 @@ class WorkerDict:
     def __init__(self) -> None:
         self._members: dict[str, Worker] = {}
         self._rank = -1
+        self._logs_redirected = False
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port (asked of rank 0 only)."""
@@ -88,8 +153,16 @@ class WorkerDict:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def start(self, env: RankEnv, members: Mapping[str, RayClassWithInitArgs]) -> None:
+    def start(
+        self,
+        env: RankEnv,
+        members: Mapping[str, RayClassWithInitArgs],
+        log_dir: str | None = None,
+    ) -> None:
         self._rank = env.rank
+        if log_dir is not None:
+            _quiet_worker_logging(redirect_output(worker_log_path(log_dir, env.rank)))
+            self._logs_redirected = True
         for prefix, spec in members.items():
             # Re-exported before each member: an earlier member's libraries may have rewritten
             # them (vLLM's CPU platform sets LOCAL_WORLD_SIZE to its tensor-parallel size).
@@ -97,7 +170,7 @@ class WorkerDict:
             try:
                 self._members[prefix] = spec.instantiate()
             except Exception as exc:
-                raise _call_error(prefix, "__init__", env.rank, exc) from None
+                raise self._call_error(prefix, "__init__", exc) from None
 
     def call(self, request: MemberCall) -> Any:
         try:
@@ -105,12 +178,15 @@ class WorkerDict:
                 *request.args, **request.kwargs
             )
         except Exception as exc:
-            raise _call_error(request.member, request.method, self._rank, exc) from None
+            raise self._call_error(request.member, request.method, exc) from None
 
     def pid(self) -> int:
         return os.getpid()
 
-
-def _call_error(member: str, method: str, rank: int, exc: Exception) -> WorkerCallError:
-    detail = "".join(traceback.format_exception(exc))
-    return WorkerCallError(member, method, rank, detail.rstrip())
+    def _call_error(self, member: str, method: str, exc: Exception) -> WorkerCallError:
+        error = WorkerCallError(
+            member, method, self._rank, "".join(traceback.format_exception(exc)).rstrip()
+        )
+        if self._logs_redirected:  # the log file keeps it next to what led to it
+            print(error, file=sys.stderr, flush=True)
+        return error

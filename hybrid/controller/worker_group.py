@@ -7,13 +7,16 @@ methods directly. A group built from `create_colocated_worker_cls(...)` hosts se
 (`group.actor_rollout_generate_sequences(batch)`).
 
 Calls fail fast: a worker that raises or dies surfaces at once, named by member, method and
-rank, even while its peers are blocked in a collective.
+rank, even while its peers are blocked in a collective. With a `log_dir`, each worker's output
+goes to `<log_dir>/worker_<rank>.log` (see worker_dict.py) and a dead worker's error carries
+the last lines of its log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -30,9 +33,23 @@ from hybrid.controller.worker_dict import (
     RayClassWithInitArgs,
     WorkerDict,
     WorkerDictClass,
+    worker_log_path,
 )
 
 _RemoteWorkerDict = ray.remote(WorkerDict)
+
+LOG_TAIL_LINES = 20
+"""How many last lines of a dead worker's log its WorkerDiedError quotes."""
+
+
+def log_tail(path: Path | None, num_lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a worker's log, as a paragraph for an error ("" if there is none)."""
+    if path is None or not path.is_file():  # no log dir, or on another node
+        return ""
+    with path.open("rb") as file:
+        file.seek(max(0, path.stat().st_size - 64 * 1024))
+        lines = file.read().decode(errors="replace").splitlines()[-num_lines:]
+    return f"\nlast lines of {path}:\n" + "\n".join(lines)
 
 
 class GroupFuture:
@@ -44,11 +61,13 @@ class GroupFuture:
         member: str,
         method: str,
         collect: Callable[[list[Any]], Any],
+        log_dir: str | None = None,
     ) -> None:
         self._refs = refs
         self._member = member
         self._method = method
         self._collect = collect
+        self._log_dir = log_dir
 
     def get(self, timeout: float | None = None) -> Any:
         try:
@@ -89,8 +108,9 @@ class GroupFuture:
                 raise exc.cause from None
             raise WorkerCallError(self._member, self._method, rank, str(exc)) from None
         except RayActorError as exc:
+            log = worker_log_path(self._log_dir, rank) if self._log_dir else None
             raise WorkerDiedError(
-                self._member, self._method, rank, f"the worker process died: {exc}"
+                self._member, self._method, rank, f"the worker process died: {exc}{log_tail(log)}"
             ) from None
 
 
@@ -113,15 +133,22 @@ class GroupMethod:
 
 
 class RayWorkerGroup:
-    """Creates one WorkerDict actor per bundle of `resource_pool` and starts the members."""
+    """Creates one WorkerDict actor per bundle of `resource_pool` and starts the members.
+
+    `log_dir`: each worker's stdout and stderr go to `<log_dir>/worker_<rank>.log` instead of
+    the console (and Ray, if this starts it, shows only its errors on the driver); None leaves
+    all output on the console.
+    """
 
     def __init__(
         self,
         resource_pool: RayResourcePool,
         ray_cls_with_init: RayClassWithInitArgs | WorkerDictClass,
         ray_address: str | None = None,
+        log_dir: str | Path | None = None,
     ) -> None:
-        ensure_ray(ray_address)
+        ensure_ray(ray_address, quiet=log_dir is not None)
+        self.log_dir = None if log_dir is None else str(Path(log_dir).resolve())
         if isinstance(ray_cls_with_init, RayClassWithInitArgs):
             self._members = {ray_cls_with_init.cls.__name__: ray_cls_with_init}
             self._default_member: str | None = ray_cls_with_init.cls.__name__
@@ -172,7 +199,7 @@ class RayWorkerGroup:
             actor.call.remote(MemberCall(member, name, rank_args, rank_kwargs))
             for actor, (rank_args, rank_kwargs) in zip(self.actors, plan.per_rank, strict=True)
         ]
-        return GroupFuture(refs, member, name, plan.collect)
+        return GroupFuture(refs, member, name, plan.collect, self.log_dir)
 
     def shutdown(self) -> None:
         """Kill the actors and give the bundles back to the pool."""
@@ -219,8 +246,11 @@ class RayWorkerGroup:
             for rank, b in enumerate(bundles)
         ]
         # Members are constructed concurrently: their __init__ may rendezvous with each other.
-        refs = [a.start.remote(env, self._members) for a, env in zip(actors, envs, strict=True)]
-        GroupFuture(refs, "+".join(self._members), "__init__", list).get()
+        refs = [
+            a.start.remote(env, self._members, self.log_dir)
+            for a, env in zip(actors, envs, strict=True)
+        ]
+        GroupFuture(refs, "+".join(self._members), "__init__", list, self.log_dir).get()
         return actors
 
 

@@ -104,9 +104,17 @@ class TrainerConfig:
     memory_snapshot_step: int | None = None
     """On CUDA, record torch's allocation history during this step and save it under
     output_dir/memory_snapshots/ (viewable at pytorch.org/memory_viz)."""
+    log_freq: int = 10
+    """Print a one-line metrics summary to the console every N steps (the progress bar moves
+    every step; the metric sinks, e.g. metrics.jsonl, still get every step)."""
+    verbose: bool = False
+    """Show vLLM, Ray and library logs on the console; false: they go to
+    output_dir/logs/worker_<rank>.log and driver.log, and only warnings and errors are shown."""
 
     def __post_init__(self) -> None:
         check_positive("trainer", total_steps=self.total_steps, num_workers=self.num_workers)
+        if self.log_freq < 1:
+            raise ValueError(f"trainer.log_freq must be >= 1, got {self.log_freq}")
         if self.memory_log_freq < 0:
             raise ValueError(f"trainer.memory_log_freq must be >= 0, got {self.memory_log_freq}")
         if self.memory_snapshot_step is not None:

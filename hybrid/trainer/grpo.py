@@ -32,6 +32,7 @@ from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint, prune_checkpoints
 from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
 from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
 from hybrid.workers.actor_rollout import ActorRolloutWorker, WorkerFacts
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
@@ -94,13 +95,16 @@ class GRPOTrainer:
             }
         )
         pool = RayResourcePool([c.trainer.num_workers], use_gpu=c.trainer.use_gpu)
-        self.group = RayWorkerGroup(pool, cls, ray_address=c.trainer.ray_address)
+        log_dir = run_log_dir(c.trainer.output_dir, c.trainer.verbose)
+        print_lines([f"starting {c.trainer.num_workers} workers (Ray, FSDP2, vLLM) ..."])
+        self.group = RayWorkerGroup(pool, cls, ray_address=c.trainer.ray_address, log_dir=log_dir)
         views = self.group.spawn(prefix_set={"actor_rollout", "ref"})
         self.actor, self.ref = views["actor_rollout"], views["ref"]
         self.actor.init_model()
         # What the workers resolved (dtypes for `auto`, the sync strategy for the engine's
         # weight layout): rank 0 speaks for all, since every rank sees the same hardware kind.
         self.worker_facts: WorkerFacts = self.actor.describe()[0]
+        print_startup_summary(c, self.worker_facts, log_dir)
         self.write_resolved_config()
         # With LoRA the reference is the actor's own base (adapters disabled): no second model.
         self.reference = self.actor if c.model.lora.enabled else self.ref
@@ -135,7 +139,11 @@ class GRPOTrainer:
         (Path(out) / "config.json").write_text(json.dumps(dataclasses.asdict(c), indent=1))
         self.start_workers()
         sinks = make_sinks(
-            c.trainer.loggers, Path(out), c.trainer.total_steps, dataclasses.asdict(c)
+            c.trainer.loggers,
+            Path(out),
+            c.trainer.total_steps,
+            dataclasses.asdict(c),
+            log_freq=c.trainer.log_freq,
         )
         try:
             self._maybe_resume()

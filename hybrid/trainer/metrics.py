@@ -1,4 +1,5 @@
-"""Metrics: reduced over ranks in one place, written to one sink interface.
+"""Metrics: reduced over ranks in one place, written to one sink interface (the console sink
+lives in hybrid/trainer/console.py).
 
 Namespaces: actor/, rollout/, reward/, response_length/, timing_s/, perf/, memory/, val/.
 `reduce_over_ranks` takes the per-rank dicts a group call returns: memory is reported as the
@@ -12,6 +13,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
+
+from hybrid.trainer.console import ConsoleSink
 
 logger = logging.getLogger(__name__)
 
@@ -44,43 +47,6 @@ class JsonlSink:
 
     def close(self) -> None:
         self._file.close()
-
-
-class ConsoleSink:
-    """A progress bar and one line per step with the headline numbers."""
-
-    HEADLINE = (
-        "reward/mean",
-        "actor/pg_loss",
-        "actor/kl_loss",
-        "response_length/mean",
-        "rollout/logprob_diff_max",
-        "timing_s/step",
-    )
-
-    def __init__(self, total_steps: int) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._progress = Progress(
-            TextColumn("[bold]step {task.completed}/{task.total}"),
-            BarColumn(),
-            TimeRemainingColumn(),
-            transient=True,
-        )
-        self._task = self._progress.add_task("train", total=total_steps)
-        self._progress.start()
-
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        shown = "  ".join(
-            f"{k.split('/')[-1] if k != 'reward/mean' else 'reward'} {metrics[k]:.4g}"
-            for k in self.HEADLINE
-            if k in metrics
-        )
-        self._progress.console.print(f"step {step:4d}  {shown}")
-        self._progress.update(self._task, completed=step)
-
-    def close(self) -> None:
-        self._progress.stop()
 
 
 class TensorBoardSink:
@@ -131,12 +97,17 @@ class Sinks:
 
 
 def make_sinks(
-    names: Sequence[str], output_dir: Path, total_steps: int, config: Mapping[str, object]
+    names: Sequence[str],
+    output_dir: Path,
+    total_steps: int,
+    config: Mapping[str, object],
+    log_freq: int = 1,
 ) -> Sinks:
+    """`log_freq`: the console prints a metrics line every N steps (the others log each step)."""
     made: list[MetricSink] = []
     for name in names:
         if name == "console":
-            made.append(ConsoleSink(total_steps))
+            made.append(ConsoleSink(total_steps, log_freq))
         elif name == "jsonl":
             made.append(JsonlSink(output_dir / "metrics.jsonl"))
         elif name == "tensorboard":
