@@ -12,19 +12,49 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 import ray
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long the driver waits for a Ray cluster's GCS port to accept a connection (Ray itself
+retries an unreachable address for minutes)."""
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise ConnectionError unless something listens at `host:port` (other forms, `auto`
+    and `ray://`, are left to Ray, which answers them quickly)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({error}); start one with `ray start --head` "
+            "on its first node, or leave the address unset to start a local cluster"
+        ) from None
 
 
 def ensure_ray(
     address: str | None = None, num_cpus: int | None = None, quiet: bool = False
 ) -> None:
-    """Initialise Ray once per driver process; later calls are no-ops."""
+    """Initialise Ray once per driver process; later calls are no-ops. An address nobody
+    answers at raises ConnectionError within CONNECT_TIMEOUT_S."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     level = logging.ERROR if quiet else logging.INFO
     if address:
+        check_reachable(address)
         ray.init(address=address, log_to_driver=True, logging_level=level)
         return
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=level)
+    # "local": a cluster of our own, even when this machine already runs one (`ray start`,
+    # another run's head node): joining one is what an explicit address is for.
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=True,
+        logging_level=level,
+    )

@@ -27,6 +27,9 @@ class RankEnv:
     """Address of rank 0's node, the rendezvous host for torch.distributed."""
     master_port: int
     """A port that was free on rank 0's node when the group started."""
+    node: str = ""
+    """This worker's node as `<address> <Ray node id prefix>` (HYBRID_NODE; "" if unknown):
+    for errors and the memory ledger."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -45,6 +48,7 @@ class RankEnv:
             "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
+            "HYBRID_NODE": self.node,
         }
 
     @classmethod
@@ -62,4 +66,5 @@ class RankEnv:
             local_world_size=int(environ["LOCAL_WORLD_SIZE"]),
             master_addr=environ["MASTER_ADDR"],
             master_port=int(environ["MASTER_PORT"]),
+            node=environ.get("HYBRID_NODE", ""),
         )

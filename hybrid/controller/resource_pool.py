@@ -1,7 +1,8 @@
 """RayResourcePool: placement groups that pin one worker per bundle, in a fixed rank order.
 
-Rank r is bundle r of the flattened list [node 0's bundles..., node 1's bundles...], so the
-same pool always maps ranks to the same bundles.
+Bundles are listed entry by entry ([entry 0's bundles..., entry 1's bundles...]); the worker
+group numbers ranks node by node from where Ray actually placed them (`ranks_by_node`), so
+local ranks and LOCAL_WORLD_SIZE hold even if two entries share a node.
 """
 
 from __future__ import annotations
@@ -90,3 +91,40 @@ class RayResourcePool:
                 f"cluster resources: {ray.cluster_resources()}, available: {ray.available_resources()}"
             )
         return pg
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A Ray node a worker runs on."""
+
+    node_id: str
+    address: str
+
+    def __str__(self) -> str:
+        return f"{self.address} (id {self.node_id[:8]})"
+
+    def is_alive(self) -> bool:
+        """Whether the cluster still counts this node as alive."""
+        return any(n["NodeID"] == self.node_id and n["Alive"] for n in ray.nodes())
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one worker's rank puts it: its global rank and its place on its node."""
+
+    rank: int
+    local_rank: int
+    local_world_size: int
+
+
+def ranks_by_node(node_ids: Sequence[str]) -> list[Placement]:
+    """Ranks for workers placed on `node_ids` (in bundle order): node by node, nodes in the
+    order they first appear, bundle order within a node."""
+    nodes = list(dict.fromkeys(node_ids))
+    order = sorted(range(len(node_ids)), key=lambda i: (nodes.index(node_ids[i]), i))
+    rank_of = {index: rank for rank, index in enumerate(order)}
+    placements = []
+    for index, node in enumerate(node_ids):
+        peers = [i for i in order if node_ids[i] == node]
+        placements.append(Placement(rank_of[index], peers.index(index), len(peers)))
+    return placements

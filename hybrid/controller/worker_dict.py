@@ -147,6 +147,16 @@ class WorkerDict:
         self._rank = -1
         self._logs_redirected = False
 
+    def node(self) -> tuple[str, str]:
+        """(Ray node id, address) of the node this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def sees_file(self, path: str) -> bool:
+        """Whether `path` exists as seen from this worker's node (a shared-directory check)."""
+        return os.path.exists(path)
+
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port (asked of rank 0 only)."""
         import ray

@@ -27,7 +27,7 @@ from hybrid.controller.cluster import ensure_ray
 from hybrid.controller.dispatch import MethodSpec, plan_call, registered_methods
 from hybrid.controller.errors import WorkerCallError, WorkerDiedError
 from hybrid.controller.rank_env import RankEnv
-from hybrid.controller.resource_pool import RayResourcePool
+from hybrid.controller.resource_pool import NodeRef, RayResourcePool, ranks_by_node
 from hybrid.controller.worker_dict import (
     MemberCall,
     RayClassWithInitArgs,
@@ -37,6 +37,10 @@ from hybrid.controller.worker_dict import (
 )
 
 _RemoteWorkerDict = ray.remote(WorkerDict)
+
+DEATH_GRACE_S = 5.0
+"""After a rank fails, how long the driver waits for the others before it picks the error to
+report (a dead worker is the root cause of its peers' collective errors)."""
 
 LOG_TAIL_LINES = 20
 """How many last lines of a dead worker's log its WorkerDiedError quotes."""
@@ -62,12 +66,14 @@ class GroupFuture:
         method: str,
         collect: Callable[[list[Any]], Any],
         log_dir: str | None = None,
+        rank_nodes: list[NodeRef] | None = None,
     ) -> None:
         self._refs = refs
         self._member = member
         self._method = method
         self._collect = collect
         self._log_dir = log_dir
+        self._rank_nodes = rank_nodes
 
     def get(self, timeout: float | None = None) -> Any:
         try:
@@ -84,12 +90,15 @@ class GroupFuture:
         return self._collect(list(results))
 
     def _raise_first_failure(self) -> None:
-        """Raise the error of the lowest failed rank among those that have finished.
+        """Raise the root cause among the ranks that have finished: a dead worker if there is
+        one (its peers then fail in their collectives, naming nobody), else the error of the
+        lowest failed rank.
 
-        Every finished rank's error is fetched, so Ray does not report the others as
-        unhandled: one failure is one report.
+        A dead worker's peers can notice before Ray reports the death, so the others get
+        DEATH_GRACE_S to finish. Every finished rank's error is fetched, so Ray does not
+        report the others as unhandled: one failure is one report.
         """
-        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=DEATH_GRACE_S)
         failures: list[WorkerCallError] = []
         for rank, ref in enumerate(self._refs):
             if ref in ready:
@@ -97,8 +106,9 @@ class GroupFuture:
                     self._fetch(ref, rank)
                 except WorkerCallError as error:
                     failures.append(error)
-        if failures:
-            raise failures[0]
+        deaths = [f for f in failures if isinstance(f, WorkerDiedError)]
+        if deaths or failures:
+            raise (deaths or failures)[0]
 
     def _fetch(self, ref: ray.ObjectRef, rank: int) -> Any:
         try:
@@ -110,8 +120,21 @@ class GroupFuture:
         except RayActorError as exc:
             log = worker_log_path(self._log_dir, rank) if self._log_dir else None
             raise WorkerDiedError(
-                self._member, self._method, rank, f"the worker process died: {exc}{log_tail(log)}"
+                self._member,
+                self._method,
+                rank,
+                f"the worker process died{self._where(rank)}: {exc}{log_tail(log)}",
             ) from None
+
+    def _where(self, rank: int) -> str:
+        """' on node X (ranks [..] run there)' when the group knows its nodes, and whether
+        the node itself is gone."""
+        if not self._rank_nodes:
+            return ""
+        node = self._rank_nodes[rank]
+        peers = [r for r, n in enumerate(self._rank_nodes) if n == node]
+        gone = "" if node.is_alive() else "; that node has left the Ray cluster"
+        return f" on node {node} (ranks {peers} run there{gone})"
 
 
 @dataclass(frozen=True)
@@ -157,6 +180,8 @@ class RayWorkerGroup:
             self._default_member = None
         self._methods = {p: registered_methods(spec.cls) for p, spec in self._members.items()}
         self.resource_pool = resource_pool
+        self.rank_nodes: list[NodeRef] = []
+        """Per rank, the node it runs on."""
         self.actors = self._start_actors(resource_pool)
 
     @property
@@ -199,7 +224,7 @@ class RayWorkerGroup:
             actor.call.remote(MemberCall(member, name, rank_args, rank_kwargs))
             for actor, (rank_args, rank_kwargs) in zip(self.actors, plan.per_rank, strict=True)
         ]
-        return GroupFuture(refs, member, name, plan.collect, self.log_dir)
+        return GroupFuture(refs, member, name, plan.collect, self.log_dir, self.rank_nodes)
 
     def shutdown(self) -> None:
         """Kill the actors and give the bundles back to the pool."""
@@ -228,9 +253,14 @@ class RayWorkerGroup:
             names += list(methods) if self._default_member else [f"{prefix}_{m}" for m in methods]
         return names
 
+    def ranks_missing(self, path: str | Path) -> list[int]:
+        """Ranks whose node does not see `path` (empty when every node shares it)."""
+        seen = ray.get([actor.sees_file.remote(str(path)) for actor in self.actors])
+        return [rank for rank, ok in enumerate(seen) if not ok]
+
     def _start_actors(self, pool: RayResourcePool) -> list[Any]:
         bundles = pool.bundles()
-        actors: list[Any] = [
+        in_bundle_order: list[Any] = [
             _RemoteWorkerDict.options(
                 num_cpus=pool.bundle_resources["CPU"],
                 num_gpus=pool.bundle_resources.get("GPU", 0),
@@ -240,17 +270,34 @@ class RayWorkerGroup:
             ).remote()
             for b in bundles
         ]
+        # Ranks go node by node from where Ray placed each worker (rank 0's node hosts the
+        # rendezvous), so local ranks are right however the placement groups landed.
+        nodes = ray.get([actor.node.remote() for actor in in_bundle_order])
+        placements = ranks_by_node([node_id for node_id, _ in nodes])
+        by_rank = sorted(range(len(bundles)), key=lambda i: placements[i].rank)
+        actors = [in_bundle_order[i] for i in by_rank]
+        self.rank_nodes = [NodeRef(*nodes[i]) for i in by_rank]
         master_addr, master_port = ray.get(actors[0].rendezvous_address.remote())
         envs = [
-            RankEnv(rank, len(bundles), b.index, b.local_world_size, master_addr, master_port)
-            for rank, b in enumerate(bundles)
+            RankEnv(
+                rank,
+                len(bundles),
+                placements[i].local_rank,
+                placements[i].local_world_size,
+                master_addr,
+                master_port,
+                node=str(self.rank_nodes[rank]),
+            )
+            for rank, i in enumerate(by_rank)
         ]
         # Members are constructed concurrently: their __init__ may rendezvous with each other.
         refs = [
             a.start.remote(env, self._members, self.log_dir)
             for a, env in zip(actors, envs, strict=True)
         ]
-        GroupFuture(refs, "+".join(self._members), "__init__", list, self.log_dir).get()
+        GroupFuture(
+            refs, "+".join(self._members), "__init__", list, self.log_dir, self.rank_nodes
+        ).get()
         return actors
 
 

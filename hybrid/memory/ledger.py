@@ -113,8 +113,9 @@ class TimedIterator(Generic[T]):
 
 
 class MemoryLedger:
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int = 0, node: str = "") -> None:
         self.rank = rank
+        self.node = node
         self.records: list[MemoryRecord] = []
         self.timings: dict[str, float] = {}
         self.counts: dict[str, float] = {}
@@ -172,6 +173,7 @@ class MemoryLedger:
         entry = MemoryRecord(
             step=-1,  # stamped by pop_records
             rank=self.rank,
+            node=self.node,
             phase=phase,
             t_s=round(time.monotonic() - self._started, 6),
             device=sample.device,
@@ -247,9 +249,9 @@ class MemoryLedger:
 _PROCESS_LEDGER: MemoryLedger | None = None
 
 
-def process_ledger(rank: int = 0) -> MemoryLedger:
+def process_ledger(rank: int = 0, node: str = "") -> MemoryLedger:
     """This process's ledger, created on first use."""
     global _PROCESS_LEDGER
     if _PROCESS_LEDGER is None:
-        _PROCESS_LEDGER = MemoryLedger(rank)
+        _PROCESS_LEDGER = MemoryLedger(rank, node)
     return _PROCESS_LEDGER

@@ -6,6 +6,8 @@ Per worker (one GPU), steady state (step >= 2: AdamW's state exists). Notation:
 W = trainer.num_workers, P = parameters, h / I / L / V = hidden size, MLP width, layers,
 vocabulary, kv = KV heads x head_dim, S = rollout.prompt_length + rollout.response_length,
 R = rollout.response_length, cb = bytes of actor.param_dtype; T and n: see micro-batches.
+With HSDP (actor.hsdp_replicas = H) parameters shard over W / H ranks instead of W: read
+W / H for W wherever a shard is meant; rows still split over all W.
 
 Resident (COMPONENTS names; what the code keeps where):
   actor_params     P/W x bytes(master_dtype): the FSDP2 full shard (rank 0 holds ceil(rows/W)
@@ -278,11 +280,17 @@ class WorkerSizes:
 
     @property
     def world(self) -> int:
+        """Data-parallel ranks: every worker takes its own rows."""
         return self.config.trainer.num_workers
 
     @property
+    def shard_world(self) -> int:
+        """Ranks a parameter is sharded over (all of them, or one HSDP replica's)."""
+        return self.world // self.config.actor.hsdp_replicas
+
+    @property
     def lora(self) -> Adapters:
-        return _adapters(self.shape, self.lora_rank, lora_targets(self.config), self.world)
+        return _adapters(self.shape, self.lora_rank, lora_targets(self.config), self.shard_world)
 
     @property
     def adapter_sync(self) -> bool:
@@ -291,11 +299,11 @@ class WorkerSizes:
 
     @property
     def trainable_shard(self) -> int:
-        return self.lora.shard if self.lora_rank else self.shape.shard(self.world)
+        return self.lora.shard if self.lora_rank else self.shape.shard(self.shard_world)
 
     def actor_params(self) -> int:
         if self.lora_rank:  # frozen base in the compute dtype + adapters in the master dtype
-            return self.shape.shard(self.world) * self.cb + self.trainable_shard * self.master
+            return self.shape.shard(self.shard_world) * self.cb + self.trainable_shard * self.master
         return self.trainable_shard * self.master
 
     @property
@@ -312,7 +320,7 @@ class WorkerSizes:
         """The reference copy: built for the KL loss only, and none with LoRA."""
         if not self.config.actor.use_kl_loss or self.ref_is_actor:
             return 0
-        return self.shape.shard(self.world) * dtype_bytes(self.dtypes.ref)
+        return self.shape.shard(self.shard_world) * dtype_bytes(self.dtypes.ref)
 
     def rollout_weights(self) -> int:
         s = self.shape
@@ -368,7 +376,7 @@ class WorkerSizes:
         LoRA base already in that dtype: `.to(dtype)` returns it as is)."""
         if self.lora_rank and self.dtypes.actor == self.dtypes.rollout:
             return 0
-        return self.shape.largest_shard(self.world) * self.engine_bytes
+        return self.shape.largest_shard(self.shard_world) * self.engine_bytes
 
     def weight_gather(self) -> int:
         """Full bf16 weights of sync.gather's largest group: every sync of full fine-tuning,
@@ -404,7 +412,7 @@ class WorkerSizes:
         if self.on_gpu:  # foreach AdamW: one temporary the size of the trainable shard
             return self.trainable_shard * self.master
         largest = (
-            self.lora.largest_shard if self.lora_rank else self.shape.largest_shard(self.world)
+            self.lora.largest_shard if self.lora_rank else self.shape.largest_shard(self.shard_world)
         )
         return largest * self.master
 

@@ -84,6 +84,8 @@ class MemoryRecord:
     """Index of the gathered group for `sync/gather_load`, of the micro-batch for update/..."""
     components_gib: dict[str, float] = field(default_factory=dict)
     """On the measured device, by COMPONENTS name."""
+    node: str = ""
+    """The worker's node (`<address> <Ray node id prefix>`; "" outside a worker group)."""
     host_gib: dict[str, float] = field(default_factory=dict)
     """Offloaded to host memory (empty on CPU, where the device is the host)."""
 

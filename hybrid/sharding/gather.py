@@ -3,7 +3,9 @@
 FSDP2 shards every parameter on dim 0 with `torch.chunk` semantics (rank r holds rows
 [r * c, (r + 1) * c) with c = ceil(rows / world), the last ranks possibly fewer or none). A
 rank pads its shard to c rows and `all_gather_single` writes every rank's rows straight into
-the full tensor's buffer: one collective per parameter, no staging copy. Shards are cast to
+the full tensor's buffer: one collective per parameter, no staging copy. With HSDP (a 2-D
+mesh, replicated on one dim and sharded on the other) the gather runs over the shard dim's
+group only: every replica already holds the rows of its own group. Shards are cast to
 the engine dtype before the gather, which halves the bytes moved and is bit-identical to
 casting the full tensor afterwards.
 
@@ -77,13 +79,28 @@ def gather_full(group: list[NamedParam], dtype: torch.dtype) -> list[NamedParam]
     return [(name, full_parameter(param, dtype)) for name, param in group]
 
 
+def dim0_shard_group(param: torch.Tensor) -> tuple[dist.ProcessGroup, int] | None:
+    """(group, size) of the mesh dim that shards `param` on dim 0, when every other mesh dim
+    replicates it (FSDP's and HSDP's layouts); None for any other tensor."""
+    if not isinstance(param, DTensor):
+        return None
+    placements = param.placements
+    if placements.count(Shard(0)) != 1 or not all(
+        p == Shard(0) or p.is_replicate() for p in placements
+    ):
+        return None
+    dim = placements.index(Shard(0))
+    mesh = param.device_mesh
+    return mesh.get_group(dim), mesh.size(dim)
+
+
 def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if not isinstance(param, DTensor):
         return param.detach().to(dtype)
-    if param.device_mesh.ndim != 1 or param.placements != (Shard(0),):
+    sharding = dim0_shard_group(param)
+    if sharding is None:
         return param.detach().full_tensor().to(dtype)  # type: ignore[attr-defined]
-    mesh = param.device_mesh
-    world = mesh.size()
+    group, world = sharding
     rows = param.shape[0]
     chunk = -(-rows // world)
     local = param.to_local().detach().to(dtype)
@@ -92,30 +109,28 @@ def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         local = torch.cat([local, pad])
     transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local.device.type == "cpu" else dtype
     padded = torch.empty((chunk * world, *param.shape[1:]), dtype=dtype, device=local.device)
-    dist.all_gather_single(
-        padded.view(transport), local.contiguous().view(transport), group=mesh.get_group()
-    )
+    dist.all_gather_single(padded.view(transport), local.contiguous().view(transport), group=group)
     return padded[:rows]
 
 
 class CoalescedGather:
     """Like `gather_full`, with one all-gather for the whole group, started on construction
-    (asynchronously) and finished by `result()`. Parameters that are not dim-0 shards of a
-    1-D mesh are gathered one by one."""
+    (asynchronously) and finished by `result()`. Parameters that are not dim-0 shards
+    (`dim0_shard_group`) are gathered one by one."""
 
     def __init__(self, group: list[NamedParam], dtype: torch.dtype) -> None:
         self.group = group
         self.dtype = dtype
-        self.sharded = [
-            (name, p)
-            for name, p in group
-            if isinstance(p, DTensor) and p.device_mesh.ndim == 1 and p.placements == (Shard(0),)
+        self.sharded: list[tuple[str, DTensor]] = [
+            (name, p) for name, p in group if isinstance(p, DTensor) and dim0_shard_group(p)
         ]
         self.work: dist.Work | None = None
         if len(self.sharded) < 2:
             return
-        mesh = self.sharded[0][1].device_mesh
-        self.world = mesh.size()
+        # FSDP2 shards every parameter of a model on the same mesh dim.
+        sharding = dim0_shard_group(self.sharded[0][1])
+        assert sharding is not None
+        shard_group, self.world = sharding
         # Few ops per tensor: with hundreds of small tensors the dispatcher, not the bytes,
         # sets the time. Shards are flattened in their own dtype and cast once, together.
         pieces, self.layouts = [], []
@@ -134,7 +149,7 @@ class CoalescedGather:
         self.work = dist.all_gather_single(
             self.gathered.view(transport),
             local_flat.view(transport),
-            group=mesh.get_group(),
+            group=shard_group,
             async_op=True,
         )
 

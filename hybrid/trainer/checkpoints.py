@@ -9,13 +9,18 @@ Retention (`trainer.max_checkpoints_to_keep`, like verl's max_actor_ckpt_to_keep
 save completes, the complete checkpoints beyond the newest `keep` are deleted, oldest first.
 The latest (what a resume loads) and the one just written are never deleted, so an old one
 goes only once a newer one is complete.
+
+Across nodes every rank writes its shards under the same path, so the output directory must
+be one that every node sees (a shared file system): `shared_dir_error` says which ranks and
+nodes do not, before any model is built.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -62,3 +67,27 @@ def prune_checkpoints(output_dir: str | Path, keep: int | None, just_saved: int)
     for path in doomed:
         shutil.rmtree(path)
     return doomed
+
+
+def shared_dir_error(
+    output_dir: str | Path,
+    ranks_missing: Callable[[Path], list[int]],
+    rank_nodes: Sequence[object],
+) -> str | None:
+    """Write a marker file into `output_dir` (the driver's view) and ask the workers which of
+    them do not see it; the error text naming those ranks and nodes, or None if all do."""
+    marker = Path(output_dir).resolve() / f".shared-check-{uuid.uuid4().hex[:12]}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    try:
+        missing = ranks_missing(marker)
+    finally:
+        marker.unlink()
+    if not missing:
+        return None
+    nodes = sorted({str(rank_nodes[r]) for r in missing})
+    return (
+        f"trainer.output_dir {marker.parent} is not visible from ranks {missing} on nodes "
+        f"{nodes}: checkpoints are written by every rank into one directory, so with "
+        "trainer.nnodes > 1 it must be on a file system every node shares"
+    )

@@ -76,11 +76,18 @@ class TrainerConfig:
     output_dir: str = "outputs/run"
     """Where metrics.jsonl, checkpoints and the final HF model go."""
     num_workers: int = 2
-    """WorkerDicts (GPUs, or CPU slots) on this node."""
+    """WorkerDicts (GPUs, or CPU slots) in all: the single-node shorthand. With several nodes
+    it must equal nnodes x n_gpus_per_node."""
+    nnodes: int = 1
+    """Nodes the workers are spread over, n_gpus_per_node on each (one placement group per
+    node; ranks are numbered node by node)."""
+    n_gpus_per_node: int | None = None
+    """Workers per node (GPUs, or CPU slots); None: num_workers / nnodes."""
     use_gpu: bool = False
     """One GPU per worker when true."""
     ray_address: str | None = None
-    """Join this Ray cluster instead of starting one (also RAY_ADDRESS)."""
+    """Join this Ray cluster instead of starting one: an address, or `auto` for the cluster
+    this machine belongs to (`ray start`); also RAY_ADDRESS. None starts a local cluster."""
     save_freq: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     max_checkpoints_to_keep: int | None = None
@@ -112,7 +119,10 @@ class TrainerConfig:
     output_dir/logs/worker_<rank>.log and driver.log, and only warnings and errors are shown."""
 
     def __post_init__(self) -> None:
-        check_positive("trainer", total_steps=self.total_steps, num_workers=self.num_workers)
+        check_positive(
+            "trainer", total_steps=self.total_steps, num_workers=self.num_workers, nnodes=self.nnodes
+        )
+        self._check_nodes()
         if self.log_freq < 1:
             raise ValueError(f"trainer.log_freq must be >= 1, got {self.log_freq}")
         if self.memory_log_freq < 0:
@@ -136,6 +146,32 @@ class TrainerConfig:
             )
         for sink in self.loggers:
             check_choice("trainer", "loggers", sink, get_args(Sink))
+
+    def _check_nodes(self) -> None:
+        if self.n_gpus_per_node is None:
+            if self.num_workers % self.nnodes:
+                raise ValueError(
+                    f"trainer.num_workers ({self.num_workers}) must be divisible by "
+                    f"trainer.nnodes ({self.nnodes}): every node runs the same number of workers"
+                )
+            return
+        if self.n_gpus_per_node < 1:
+            raise ValueError(f"trainer.n_gpus_per_node must be >= 1, got {self.n_gpus_per_node}")
+        if self.nnodes * self.n_gpus_per_node != self.num_workers:
+            raise ValueError(
+                f"trainer.num_workers ({self.num_workers}) must equal trainer.nnodes x "
+                f"trainer.n_gpus_per_node ({self.nnodes} x {self.n_gpus_per_node} = "
+                f"{self.nnodes * self.n_gpus_per_node}): set trainer.num_workers to the total"
+            )
+
+    @property
+    def workers_per_node(self) -> int:
+        return self.num_workers // self.nnodes
+
+    @property
+    def process_on_nodes(self) -> list[int]:
+        """Workers per placement group, one group per node (the resource pool's layout)."""
+        return [self.workers_per_node] * self.nnodes
 
 
 @dataclass(frozen=True)
@@ -176,6 +212,18 @@ class TrainerRunConfig:
             raise ValueError(
                 f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be a multiple "
                 f"of actor.micro_batch_size ({self.actor.micro_batch_size})"
+            )
+        tp, per_node = self.rollout.tensor_parallel_size, self.trainer.workers_per_node
+        if per_node % tp:
+            raise ValueError(
+                f"rollout.tensor_parallel_size ({tp}) must divide the workers per node "
+                f"({per_node} = trainer.num_workers / trainer.nnodes): a vLLM tensor-parallel "
+                "group never crosses a node"
+            )
+        if workers % self.actor.hsdp_replicas:
+            raise ValueError(
+                f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
+                f"trainer.num_workers ({workers})"
             )
         if self.data.max_prompt_length > self.rollout.prompt_length:
             raise ValueError(

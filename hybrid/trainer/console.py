@@ -149,6 +149,10 @@ def startup_summary(
     device = "GPU" if c.trainer.use_gpu else "CPU"
     where = f"Ray at {ray_address}" if ray_address else "local Ray"
     workers = f"{c.trainer.num_workers} on {device}, {where}"
+    if c.trainer.nnodes > 1:
+        workers += f", {c.trainer.nnodes} nodes x {c.trainer.workers_per_node}"
+    if c.actor.hsdp_replicas > 1:
+        workers += f", HSDP {c.actor.hsdp_replicas} replicas"
     if c.rollout.tensor_parallel_size > 1:
         workers += f", rollout tensor parallel {c.rollout.tensor_parallel_size}"
     rows = [

@@ -22,7 +22,9 @@ from hybrid.controller import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
+    WorkerCallError,
     create_colocated_worker_cls,
+    ensure_ray,
 )
 from hybrid.data import Batch, PromptDataset, PromptLoader
 from hybrid.memory.records import write_records
@@ -30,7 +32,12 @@ from hybrid.models import load_tokenizer
 from hybrid.rewards.manager import RewardManager
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.trainer.balance import balanced_order
-from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint, prune_checkpoints
+from hybrid.trainer.checkpoints import (
+    checkpoint_dir,
+    latest_checkpoint,
+    prune_checkpoints,
+    shared_dir_error,
+)
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
 from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
@@ -94,10 +101,20 @@ class GRPOTrainer:
                 "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
             }
         )
-        pool = RayResourcePool([c.trainer.num_workers], use_gpu=c.trainer.use_gpu)
         log_dir = run_log_dir(c.trainer.output_dir, c.trainer.verbose)
+        try:
+            ensure_ray(c.trainer.ray_address, quiet=log_dir is not None)
+        except ConnectionError as error:
+            raise ValueError(f"trainer.ray_address={c.trainer.ray_address!r}: {error}") from None
+        pool = RayResourcePool(c.trainer.process_on_nodes, use_gpu=c.trainer.use_gpu)
         print_lines([f"starting {c.trainer.num_workers} workers (Ray, FSDP2, vLLM) ..."])
         self.group = RayWorkerGroup(pool, cls, ray_address=c.trainer.ray_address, log_dir=log_dir)
+        if c.trainer.nnodes > 1:
+            unshared = shared_dir_error(
+                c.trainer.output_dir, self.group.ranks_missing, self.group.rank_nodes
+            )
+            if unshared:
+                raise ValueError(unshared)
         views = self.group.spawn(prefix_set={"actor_rollout", "ref"})
         self.actor, self.ref = views["actor_rollout"], views["ref"]
         self.actor.init_model()
@@ -125,8 +142,15 @@ class GRPOTrainer:
         path = Path(c.trainer.output_dir) / "config.json"
         path.write_text(json.dumps(dataclasses.asdict(resolved), indent=1))
 
-    def stop_workers(self) -> None:
-        self.actor.shutdown_engine()
+    def stop_workers(self, after_failure: bool = False) -> None:
+        """Shut the engines down and kill the workers. After a failure this is best effort:
+        a dead worker's error must not replace the one that ended the run."""
+        try:
+            self.actor.shutdown_engine()
+        except WorkerCallError as error:
+            if not after_failure:
+                raise
+            logger.debug("engine shutdown after a failure: %s", error)
         self.group.shutdown()
 
     # --- the loop --------------------------------------------------------------------------
@@ -175,10 +199,13 @@ class GRPOTrainer:
                 self.actor.export_adapter(str(Path(out) / LORA_ADAPTER_DIR))
             if c.trainer.export_hf:  # with LoRA: the adapters merged into the base
                 self.actor.export_hf(str(Path(out) / "hf_model"))
-            return metrics
-        finally:
+        except BaseException:
             sinks.close()
-            self.stop_workers()
+            self.stop_workers(after_failure=True)
+            raise
+        sinks.close()
+        self.stop_workers()
+        return metrics
 
     def train_step(self) -> dict[str, float]:
         c = self.config

@@ -59,12 +59,14 @@ class WorkerFacts(TypedDict):
 class ActorRolloutWorker(Worker):
     def __init__(self, config: HybridWorkerConfig) -> None:
         self.config = config
-        self.ledger = process_ledger(self.rank)
+        self.ledger = process_ledger(self.rank, self.rank_env.node)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         c = self.config
-        self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
+        self.parallel: ParallelState = init_parallel(
+            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
+        )
         device = self.parallel.device
         self.hardware = Hardware.detect(device)
         self.dtypes: ComputeDtypes = c.compute_dtypes(self.hardware)

@@ -158,8 +158,14 @@ class ActorConfig:
     """With use_dynamic_bsz: tokens (prompt + response) per update micro-batch."""
     log_prob_max_token_len_per_gpu: int = 16384
     """With use_dynamic_bsz: tokens per micro-batch of the old-log-prob pass."""
+    hsdp_replicas: int = 1
+    """HSDP: shard parameters within groups of num_workers / hsdp_replicas consecutive ranks
+    (a node, when it equals trainer.nnodes) and replicate across the groups, so that only a
+    gradient all-reduce crosses the slow link. 1: plain FSDP over every rank. The reference
+    shares the mesh."""
 
     def __post_init__(self) -> None:
+        check_positive("actor", hsdp_replicas=self.hsdp_replicas)
         check_positive(
             "actor",
             lr=self.lr,

@@ -5,8 +5,9 @@ Owns `build_fsdp_model` (the policy actor and the frozen reference policy share 
 ever materialises the whole model in fp32 more than once:
 
 1. construct it on the meta device (no memory) in the master dtype;
-2. `fully_shard` each decoder layer, then the root, on a 1-D "fsdp" mesh with a
-   `MixedPrecisionPolicy` (bf16 compute, fp32 gradient reduction by default);
+2. `fully_shard` each decoder layer, then the root, on a 1-D "fsdp" mesh (or a 2-D
+   (replicate, shard) mesh: HSDP) with a `MixedPrecisionPolicy` (bf16 compute, fp32
+   gradient reduction by default);
 3. `to_empty` allocates only this rank's shards, then tied embeddings are re-tied and the
    non-persistent RoPE buffers (which `to_empty` leaves as uninitialised memory) recomputed;
 4. rank 0 alone reads the safetensors files and `set_model_state_dict(...,
@@ -42,7 +43,6 @@ from hybrid.workers import varlen_attention
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import add_adapters, initial_adapter
 
-MESH_DIM_NAME = "fsdp"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _EMBED_KEY = "model.embed_tokens.weight"
 _LM_HEAD_KEY = "lm_head.weight"
@@ -61,7 +61,9 @@ def build_fsdp_model(
     trainable: bool = True,
     lora: LoraConfig | None = None,
 ) -> nn.Module:
-    """The causal LM at `model_path`, sharded over the 1-D `mesh`, weights loaded.
+    """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
+    over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
+    replicated along its first.
 
     `param_dtype` is the compute dtype (parameters are all-gathered in it), `reduce_dtype` the
     dtype gradients are reduce-scattered in, `master_dtype` the dtype of the sharded parameters
@@ -73,8 +75,10 @@ def build_fsdp_model(
     _check_attn_implementation(attn_implementation)
     if attn_implementation == "sdpa":  # the same kernel, without a dense mask when packed
         attn_implementation = varlen_attention.register()
-    if mesh.ndim != 1:
-        raise ValueError(f"mesh must be 1-D (dim name {MESH_DIM_NAME!r}), got {mesh.ndim} dims")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(
+            f"mesh must be 1-D (FSDP) or 2-D (HSDP: replicate, shard), got {mesh.ndim} dims"
+        )
     files = _safetensors_files(Path(model_path))
     config = AutoConfig.from_pretrained(model_path)
     with_lora = lora is not None and lora.enabled

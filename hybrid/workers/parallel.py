@@ -1,6 +1,8 @@
 """Process group and device meshes: created once per process, passed to everything else.
 
-  fsdp mesh     (world,)           the FSDP2 actor and reference shard over every rank
+  fsdp mesh     (world,)           the FSDP2 actor and reference shard over every rank, or
+                (replicas, world / replicas)  with HSDP: shard within a group of consecutive
+                                   ranks (a node), replicate across groups
   rollout mesh  (world / tp, tp)   vLLM tensor parallelism inside each data-parallel group
 One process group (nccl on CUDA, gloo on CPU) under both. Members colocated in one
 WorkerDict share the process, so the second caller gets the same state back.
@@ -30,6 +32,10 @@ class ParallelState:
     """2-D, dims ("dp", "tp")."""
 
     @property
+    def hsdp_replicas(self) -> int:
+        return self.fsdp_mesh.size(0) if self.fsdp_mesh.ndim == 2 else 1
+
+    @property
     def tp_size(self) -> int:
         return self.rollout_mesh.size(1)
 
@@ -57,14 +63,29 @@ def gather_across_tp(state: ParallelState, items: list[T]) -> tuple[list[T], sli
 _STATE: ParallelState | None = None
 
 
-def init_parallel(rank_env: RankEnv, tensor_parallel_size: int = 1) -> ParallelState:
+def fsdp_mesh_shape(world: int, hsdp_replicas: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(shape, dim names) of the FSDP mesh: 1-D without HSDP, (replicate, shard) with it."""
+    if world % hsdp_replicas:
+        raise ValueError(
+            f"actor.hsdp_replicas ({hsdp_replicas}) must divide the number of workers ({world})"
+        )
+    if hsdp_replicas == 1:
+        return (world,), ("fsdp",)
+    return (hsdp_replicas, world // hsdp_replicas), ("replicate", "shard")
+
+
+def init_parallel(
+    rank_env: RankEnv, tensor_parallel_size: int = 1, hsdp_replicas: int = 1
+) -> ParallelState:
     """Initialise (once) the process group and meshes of this worker process."""
     global _STATE
     if _STATE is not None:
-        if _STATE.rank_env != rank_env or _STATE.tp_size != tensor_parallel_size:
+        asked = (rank_env, tensor_parallel_size, hsdp_replicas)
+        held = (_STATE.rank_env, _STATE.tp_size, _STATE.hsdp_replicas)
+        if asked != held:
             raise RuntimeError(
-                f"this process already set up parallel state for {_STATE.rank_env} with tp="
-                f"{_STATE.tp_size}; asked again with {rank_env} and tp={tensor_parallel_size}"
+                f"this process already set up parallel state (rank env, tp, hsdp replicas) = "
+                f"{held}; asked again with {asked}"
             )
         return _STATE
     world = rank_env.world_size
@@ -72,6 +93,7 @@ def init_parallel(rank_env: RankEnv, tensor_parallel_size: int = 1) -> ParallelS
         raise ValueError(
             f"rollout.tensor_parallel_size ({tensor_parallel_size}) must divide the number of workers ({world})"
         )
+    mesh_shape, mesh_names = fsdp_mesh_shape(world, hsdp_replicas)
     device = _pick_device(rank_env)
     if not dist.is_initialized():
         dist.init_process_group(
@@ -84,7 +106,7 @@ def init_parallel(rank_env: RankEnv, tensor_parallel_size: int = 1) -> ParallelS
     _STATE = ParallelState(
         rank_env=rank_env,
         device=device,
-        fsdp_mesh=init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",)),
+        fsdp_mesh=init_device_mesh(device.type, mesh_shape, mesh_dim_names=mesh_names),
         rollout_mesh=init_device_mesh(
             device.type,
             (world // tensor_parallel_size, tensor_parallel_size),

@@ -18,12 +18,14 @@ class ReferenceWorker(Worker):
     def __init__(self, config: HybridWorkerConfig) -> None:
         self.config = config
         # The process's ledger: shared with actor_rollout, which drains it.
-        self.ledger = process_ledger(self.rank)
+        self.ledger = process_ledger(self.rank, self.rank_env.node)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         c = self.config
-        parallel = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
+        parallel = init_parallel(
+            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
+        )
         self.device = parallel.device
         dtype = torch_dtype(c.compute_dtypes(Hardware.detect(self.device)).ref)
         self.model = build_fsdp_model(

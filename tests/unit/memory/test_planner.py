@@ -366,3 +366,20 @@ def test_cli_bad_input_names_the_option(capsys: pytest.CaptureFixture[str]) -> N
     assert "--model" in capsys.readouterr().err
     assert main(["--model", "tiny", "actor.no_such_field=1"]) == 1
     assert "actor.no_such_field" in capsys.readouterr().err
+
+
+def test_hsdp_shards_over_one_replica_and_splits_rows_over_all_ranks() -> None:
+    """16 GPUs as 2 HSDP replicas of 8: every shard is as large as on one 8-GPU node, while
+    each rank takes half the rows."""
+    resident = ("actor.optimizer_offload=false", "actor.param_offload=false")
+    flat = plan("trainer.num_workers=16", "trainer.nnodes=2", *resident)
+    hsdp = plan("trainer.num_workers=16", "trainer.nnodes=2", "actor.hsdp_replicas=2", *resident)
+    one_node = plan(*resident)
+    adam_16 = 2 * (QWEN_7B_PARAMS // 16) * 4 / GIB
+    ready = "trainer/ready"
+    assert flat.phases[ready].components_gib["optimizer_state"] == pytest.approx(adam_16, rel=1e-3)
+    for name in ("optimizer_state", "actor_params"):
+        assert hsdp.phases[ready].components_gib[name] == pytest.approx(
+            one_node.phases[ready].components_gib[name]
+        ), name
+    assert hsdp.kv_tokens_needed == flat.kv_tokens_needed

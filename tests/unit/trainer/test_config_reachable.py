@@ -29,6 +29,7 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.dropout": ("model.lora.rank=8",),
     "model.lora.target_modules": ("model.lora.rank=8",),
     "trainer.memory_snapshot_step": ("trainer.use_gpu=true",),
+    "trainer.nnodes": ("trainer.num_workers=4",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {
@@ -36,6 +37,8 @@ VALUES: dict[str, Any] = {
     "data.max_prompt_length": 8,
     "model.lora.target_modules": ("q_proj", "v_proj"),
     "model.path": "some/model",
+    "trainer.n_gpus_per_node": 2,
+    "trainer.nnodes": 2,
 }
 _ABSENT = object()
 
