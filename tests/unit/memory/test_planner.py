@@ -383,3 +383,22 @@ def test_hsdp_shards_over_one_replica_and_splits_rows_over_all_ranks() -> None:
             one_node.phases[ready].components_gib[name]
         ), name
     assert hsdp.kv_tokens_needed == flat.kv_tokens_needed
+
+
+def test_two_node_32b_preset_fits_at_80_gib_with_and_without_hsdp() -> None:
+    """configs/qwen2_5_32b_gsm8k_2x8gpu.yaml (examples/run_qwen2_5_32b_gsm8k_2x8gpu.sh): 16
+    workers on 2 nodes, TP 4. HSDP (2 replicas of 8) doubles the actor's shards and still fits."""
+    shape = model_shape("Qwen2.5-32B")
+    flat_config = compose_config("qwen2_5_32b_gsm8k_2x8gpu", [])
+    assert (flat_config.trainer.nnodes, flat_config.trainer.workers_per_node) == (2, 8)
+    flat = plan_memory(flat_config, shape, 80.0)
+    hsdp = plan_memory(
+        compose_config("qwen2_5_32b_gsm8k_2x8gpu", ["actor.hsdp_replicas=2"]), shape, 80.0
+    )
+    for p in (flat, hsdp):
+        assert p.fits and p.problems == (), p.problems
+        assert p.kv_tokens >= p.kv_tokens_needed
+    backward = "update/backward"
+    assert hsdp.phases[backward].components_gib["optimizer_state"] == pytest.approx(
+        2 * flat.phases[backward].components_gib["optimizer_state"], rel=1e-3
+    )
