@@ -22,6 +22,7 @@ from hybrid.trainer.console import configure_logging, final_summary, print_lines
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
 from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.trainer.schema import from_dict
+from hybrid.trainer.split import SplitTrainer
 
 
 def build_config(cfg: DictConfig) -> TrainerRunConfig:
@@ -48,7 +49,7 @@ def main(cfg: DictConfig) -> None:
     out, verbose = config.trainer.output_dir, config.trainer.verbose
     configure_logging(verbose, run_log_dir(out, verbose))
     started = time.monotonic()
-    trainer = GRPOTrainer(config)
+    trainer = SplitTrainer(config) if config.trainer.split else GRPOTrainer(config)
     final = trainer.fit()
     print_lines(final_summary(trainer.reward_history, time.monotonic() - started, final, out))
 

@@ -1,4 +1,9 @@
-"""SyncConfig: how the actor's weights reach the rollout engine."""
+"""SyncConfig: how the actor's weights reach the rollout engine.
+
+The first group of fields serves every placement (how tensors are gathered and loaded); the
+second only `trainer.placement=split`, where the weights travel from the trainer workers to
+the explorer workers by a transport, on a schedule (the style), under a staleness bound.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +32,45 @@ class SyncConfig:
     """With LoRA: gather the adapters (and, for merge, their base weights) one decoder layer
     at a time instead of all at once."""
 
+    # --- split placement only (hybrid.synchronizer, hybrid.transport) ---
+    method: Literal["nccl", "memory", "checkpoint"] = "nccl"
+    """How weights reach the explorers: a broadcast group (NCCL on GPU, gloo on CPU), Ray's
+    object store, or safetensors versions in `checkpoint_dir` (a shared file system)."""
+    style: Literal["fixed", "dynamic_by_explorer"] = "fixed"
+    """fixed: the trainer publishes every `interval` steps and the explorer may run `offset`
+    steps ahead; dynamic_by_explorer: the explorer asks for weights every `explorer_steps`."""
+    interval: int = 1
+    """fixed: trainer steps between two published versions."""
+    offset: int = 0
+    """fixed: steps the explorer may run ahead (1 = one-step-off: generation of step k+1
+    overlaps the update of step k)."""
+    explorer_steps: int = 1
+    """dynamic_by_explorer: explorer steps between two requests for new weights."""
+    max_staleness: int = 1
+    """Most versions a trained token may lag behind the trainer's weights, in every style;
+    the explorer waits rather than exceed it."""
+    timeout_s: float = 120.0
+    """Longest wait for the other side (a sync, a version, a batch) before the run fails
+    naming it; a dynamic request not answered in this time is retried at the next step."""
+    checkpoint_dir: str | None = None
+    """method=checkpoint: the directory of weight versions (v<N>/), shared by all nodes."""
+    keep_versions: int = 2
+    """Published versions kept (object store or checkpoint_dir); older ones are dropped."""
+
     def __post_init__(self) -> None:
         check_choice("sync", "gather", self.gather, ("full", "tensor", "layer", "bucket"))
         check_choice("sync", "strategy", self.strategy, ("auto", "reload", "direct"))
         check_positive("sync", bucket_mb=self.bucket_mb)
         check_choice("sync", "lora_mode", self.lora_mode, ("adapter", "merge"))
+        check_choice("sync", "method", self.method, ("nccl", "memory", "checkpoint"))
+        check_choice("sync", "style", self.style, ("fixed", "dynamic_by_explorer"))
+        check_positive(
+            "sync",
+            interval=self.interval,
+            explorer_steps=self.explorer_steps,
+            timeout_s=self.timeout_s,
+            keep_versions=self.keep_versions,
+        )
+        for name in ("offset", "max_staleness"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sync.{name} must be >= 0, got {getattr(self, name)}")

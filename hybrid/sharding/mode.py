@@ -161,18 +161,8 @@ class ModeSwitch:
         """Training-side work (log-probs, updates) with the actor on device. `name` labels the
         ledger's boundaries; `caller`, the worker method a mode error names (default: name)."""
         self.require(Mode.TRAINER, caller or name)
-        with self.ledger.timed(name):
-            self.offloader.onload_params()
-            if with_optimizer:
-                self.offloader.onload_optimizer()
-            self.ledger.record(f"{name}/onload")
-            try:
-                yield
-            finally:
-                if with_optimizer:
-                    self.offloader.offload_optimizer()
-                self.offloader.offload_params()
-                self.ledger.record(f"{name}/offload")
+        with self.offloader.phase(name, self.ledger, with_optimizer):
+            yield
 
     def configure(self, sync: SyncConfig) -> None:
         self.require(Mode.TRAINER, "changing the sync configuration")

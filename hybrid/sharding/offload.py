@@ -11,8 +11,13 @@ read host memory that a device-to-host copy is still filling.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
+
+from hybrid.memory.ledger import MemoryLedger
 
 _CPU = torch.device("cpu")
 
@@ -111,6 +116,25 @@ class Offloader:
         if self.optimizer is not None:
             offload_optimizer(self.optimizer)
             self.empty_cache()
+
+    @contextmanager
+    def phase(
+        self, name: str, ledger: MemoryLedger, with_optimizer: bool = False
+    ) -> Iterator[None]:
+        """Training-side work (log-probs, updates, a weight publish) with the actor on device;
+        `name` labels the ledger's boundaries and timing."""
+        with ledger.timed(name):
+            self.onload_params()
+            if with_optimizer:
+                self.onload_optimizer()
+            ledger.record(f"{name}/onload")
+            try:
+                yield
+            finally:
+                if with_optimizer:
+                    self.offload_optimizer()
+                self.offload_params()
+                ledger.record(f"{name}/offload")
 
     def empty_cache(self) -> None:
         if self.device.type == "cuda":

@@ -15,6 +15,7 @@ from typing import Literal, get_args
 
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
+from hybrid.synchronizer.policy import SyncPolicy
 from hybrid.validation import check_choice, check_positive
 from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig, RefConfig
 
@@ -85,6 +86,14 @@ class TrainerConfig:
     """Workers per node (GPUs, or CPU slots); None: num_workers / nnodes."""
     use_gpu: bool = False
     """One GPU per worker when true."""
+    placement: Literal["colocated", "split"] = "colocated"
+    """colocated: every worker generates and trains in turn (the hybrid engine). split:
+    explorer workers (vLLM only) generate while trainer workers (FSDP actor + reference)
+    train; weights move between them by sync.method on sync.style's schedule."""
+    num_explorer_workers: int = 1
+    """placement=split: workers that host only the rollout engine."""
+    num_trainer_workers: int = 1
+    """placement=split: workers that host the actor and the reference."""
     ray_address: str | None = None
     """Join this Ray cluster instead of starting one: an address, or `auto` for the cluster
     this machine belongs to (`ray start`); also RAY_ADDRESS. None starts a local cluster."""
@@ -120,9 +129,19 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         check_positive(
-            "trainer", total_steps=self.total_steps, num_workers=self.num_workers, nnodes=self.nnodes
+            "trainer",
+            total_steps=self.total_steps,
+            num_workers=self.num_workers,
+            nnodes=self.nnodes,
         )
         self._check_nodes()
+        check_choice("trainer", "placement", self.placement, ("colocated", "split"))
+        if self.placement == "split":
+            check_positive(
+                "trainer",
+                num_explorer_workers=self.num_explorer_workers,
+                num_trainer_workers=self.num_trainer_workers,
+            )
         if self.log_freq < 1:
             raise ValueError(f"trainer.log_freq must be >= 1, got {self.log_freq}")
         if self.memory_log_freq < 0:
@@ -169,9 +188,29 @@ class TrainerConfig:
         return self.num_workers // self.nnodes
 
     @property
+    def split(self) -> bool:
+        return self.placement == "split"
+
+    @property
+    def training_workers(self) -> int:
+        """Workers that hold the actor (and so split each training batch)."""
+        return self.num_trainer_workers if self.split else self.num_workers
+
+    @property
     def process_on_nodes(self) -> list[int]:
         """Workers per placement group, one group per node (the resource pool's layout)."""
         return [self.workers_per_node] * self.nnodes
+
+
+def sync_policy(sync: SyncConfig) -> SyncPolicy:
+    """The split placement's schedule from the sync group (its rules checked there)."""
+    return SyncPolicy(
+        style=sync.style,
+        interval=sync.interval,
+        offset=sync.offset,
+        explorer_steps=sync.explorer_steps,
+        max_staleness=sync.max_staleness,
+    )
 
 
 @dataclass(frozen=True)
@@ -187,7 +226,12 @@ class TrainerRunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
-        workers, n = self.trainer.num_workers, self.rollout.n
+        workers, n = self.trainer.training_workers, self.rollout.n
+        if self.data.max_prompt_length > self.rollout.prompt_length:
+            raise ValueError(
+                f"data.max_prompt_length ({self.data.max_prompt_length}) exceeds rollout.prompt_length "
+                f"({self.rollout.prompt_length})"
+            )
         if self.actor.mini_batch_size is not None:
             raise ValueError(
                 f"actor.mini_batch_size ({self.actor.mini_batch_size}) is derived from "
@@ -206,13 +250,16 @@ class TrainerRunConfig:
         if (self.algorithm.ppo_mini_batch_size * n) % workers:
             raise ValueError(
                 f"algorithm.ppo_mini_batch_size x rollout.n ({self.algorithm.ppo_mini_batch_size} x {n}) "
-                f"must be divisible by trainer.num_workers ({workers})"
+                f"must be divisible by {self._training_workers_field} ({workers})"
             )
         if self.mini_batch_rows_per_worker % self.actor.micro_batch_size:
             raise ValueError(
                 f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be a multiple "
                 f"of actor.micro_batch_size ({self.actor.micro_batch_size})"
             )
+        if self.trainer.split:
+            self._check_split()
+            return
         tp, per_node = self.rollout.tensor_parallel_size, self.trainer.workers_per_node
         if per_node % tp:
             raise ValueError(
@@ -225,11 +272,40 @@ class TrainerRunConfig:
                 f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
                 f"trainer.num_workers ({workers})"
             )
-        if self.data.max_prompt_length > self.rollout.prompt_length:
+
+    def _check_split(self) -> None:
+        t, s = self.trainer, self.sync
+        tp = self.rollout.tensor_parallel_size
+        if t.num_explorer_workers % tp:
             raise ValueError(
-                f"data.max_prompt_length ({self.data.max_prompt_length}) exceeds rollout.prompt_length "
-                f"({self.rollout.prompt_length})"
+                f"rollout.tensor_parallel_size ({tp}) must divide trainer.num_explorer_workers "
+                f"({t.num_explorer_workers})"
             )
+        if t.nnodes > 1:
+            raise ValueError(
+                "trainer.placement=split places its two groups itself: leave trainer.nnodes at 1 "
+                f"(got {t.nnodes}); the groups land on the cluster's nodes as Ray finds room"
+            )
+        if t.num_trainer_workers % self.actor.hsdp_replicas:
+            raise ValueError(
+                f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
+                f"trainer.num_trainer_workers ({t.num_trainer_workers})"
+            )
+        if s.method == "checkpoint" and not s.checkpoint_dir:
+            raise ValueError(
+                "sync.checkpoint_dir must be set for sync.method=checkpoint: the directory "
+                "(shared by every node) the weight versions are written to"
+            )
+        if self.model.lora.enabled:
+            raise ValueError(
+                "trainer.placement=split does not take LoRA yet (model.lora.rank must be 0): "
+                "the transports move full weights"
+            )
+        sync_policy(s)  # the style's own rules (e.g. offset + interval - 1 <= max_staleness)
+
+    @property
+    def _training_workers_field(self) -> str:
+        return "trainer.num_trainer_workers" if self.trainer.split else "trainer.num_workers"
 
     def check_paths(self) -> None:
         """The files a run reads exist (not part of __post_init__: the memory planner reads a
@@ -258,7 +334,7 @@ class TrainerRunConfig:
 
     @property
     def mini_batch_rows_per_worker(self) -> int:
-        return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.trainer.num_workers
+        return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.trainer.training_workers
 
     def worker_config(self) -> HybridWorkerConfig:
         """What every WorkerDict member receives (derived sizes filled in)."""

@@ -40,7 +40,7 @@ from hybrid.trainer.checkpoints import (
 )
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
-from hybrid.trainer.metrics import make_sinks, reduce_over_ranks
+from hybrid.trainer.metrics import Sinks, make_sinks, reduce_over_ranks
 from hybrid.workers.actor_rollout import ActorRolloutWorker, WorkerFacts
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.ref import ReferenceWorker
@@ -171,30 +171,7 @@ class GRPOTrainer:
         )
         try:
             self._maybe_resume()
-            if c.trainer.val_before_train and self.val_data is not None and self.step == 0:
-                sinks.log(0, self.validate())
-                self.log_memory(0)
-            metrics: dict[str, float] = {}
-            while self.step < c.trainer.total_steps:
-                self.step += 1
-                snapshot = self.step == c.trainer.memory_snapshot_step
-                if snapshot:
-                    self.actor.start_memory_history()
-                metrics = self.train_step()
-                if snapshot:
-                    self.actor.dump_memory_history(str(Path(out) / "memory_snapshots"), self.step)
-                self.reward_history.append(metrics["reward/mean"])
-                if (
-                    self.val_data is not None
-                    and c.trainer.test_freq
-                    and self.step % c.trainer.test_freq == 0
-                ):
-                    metrics.update(self.validate())
-                sinks.log(self.step, metrics)
-                last = self.step == c.trainer.total_steps
-                if last or (c.trainer.save_freq and self.step % c.trainer.save_freq == 0):
-                    self.save()
-                self.log_memory(self.step)
+            metrics = self.run_steps(sinks)
             if c.model.lora.enabled:
                 self.actor.export_adapter(str(Path(out) / LORA_ADAPTER_DIR))
             if c.trainer.export_hf:  # with LoRA: the adapters merged into the base
@@ -205,6 +182,32 @@ class GRPOTrainer:
             raise
         sinks.close()
         self.stop_workers()
+        return metrics
+
+    def run_steps(self, sinks: Sinks) -> dict[str, float]:
+        """Validation before training, then the steps up to trainer.total_steps."""
+        c = self.config
+        out = c.trainer.output_dir
+        if c.trainer.val_before_train and self.val_data is not None and self.step == 0:
+            sinks.log(0, self.validate())
+            self.log_memory(0)
+        metrics: dict[str, float] = {}
+        while self.step < c.trainer.total_steps:
+            self.step += 1
+            snapshot = self.step == c.trainer.memory_snapshot_step
+            if snapshot:
+                self.actor.start_memory_history()
+            metrics = self.train_step()
+            if snapshot:
+                self.actor.dump_memory_history(str(Path(out) / "memory_snapshots"), self.step)
+            self.reward_history.append(metrics["reward/mean"])
+            if self.val_data is not None and c.trainer.test_freq and self.step % c.trainer.test_freq == 0:
+                metrics.update(self.validate())
+            sinks.log(self.step, metrics)
+            last = self.step == c.trainer.total_steps
+            if last or (c.trainer.save_freq and self.step % c.trainer.save_freq == 0):
+                self.save()
+            self.log_memory(self.step)
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -308,11 +311,12 @@ class GRPOTrainer:
 
     # --- checkpoints -----------------------------------------------------------------------
 
-    def save(self) -> None:
+    def save(self, loader_state: dict[str, int] | None = None) -> None:
+        """A checkpoint of this step; `loader_state`: the prompt loader's position after
+        this step's batch (default: where the loader is now)."""
         path = checkpoint_dir(self.config.trainer.output_dir, self.step)
-        self.actor.save_checkpoint(
-            str(path), extra={"step": self.step, "loader": self.loader.state_dict()}
-        )
+        position = self.loader.state_dict() if loader_state is None else loader_state
+        self.actor.save_checkpoint(str(path), extra={"step": self.step, "loader": position})
         if self.config.model.lora.enabled:  # the adapter alone, in peft's format
             self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
         # Only now is this checkpoint complete: the older ones beyond the limit may go.

@@ -1,96 +1,43 @@
 """ActorRolloutWorker: the FSDP2 actor and the in-process vLLM engine of one WorkerDict.
 
-Composed of small parts: PolicyTrainer (optimisation), VllmEngine (generation), ModeSwitch
-(the memory hand-over between them, with the weight sync) and the process's MemoryLedger
-(phase boundaries, and the bytes each part holds). The driver reaches it through the
-`actor_rollout` view.
+The training half is `ActorWorker`; this class adds VllmEngine (generation) and ModeSwitch
+(the memory hand-over between the two, with the weight sync), and runs every training-side
+phase through the mode switch so that training in rollout mode is an error. The driver
+reaches it through the `actor_rollout` view.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, TypedDict
+from contextlib import AbstractContextManager
 
-import torch
 from transformers import AutoTokenizer
 
-from hybrid.controller import Dispatch, Worker, register
+from hybrid.controller import Dispatch, register
 from hybrid.data import Batch
-from hybrid.dtypes import ComputeDtypes, Dtype, Hardware, dtype_bytes, torch_dtype
-from hybrid.memory.components import (
-    ByDevice,
-    full_parameter_count,
-    gradient_bytes,
-    optimizer_state_bytes,
-    parameter_bytes,
-)
-from hybrid.memory.ledger import process_ledger
-from hybrid.memory.records import MemoryRecord
+from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
+from hybrid.dtypes import dtype_bytes
+from hybrid.memory.components import ByDevice, full_parameter_count
+from hybrid.rollout.scores import response_scores
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import verify
 from hybrid.sharding.config import SyncConfig
-from hybrid.sharding.lora_files import write_adapter
-from hybrid.sharding.lora_sync import LoraSync, adapter_directory
 from hybrid.sharding.mode import Mode, ModeSwitch
-from hybrid.sharding.offload import Offloader
-from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
-from hybrid.workers.config import HybridWorkerConfig
-from hybrid.workers.export import export_hf_model, write_hf_model
-from hybrid.workers.forward import pass_config, score_responses
-from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
-from hybrid.workers.lora import adapter_spec, adapters_disabled
-from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
-from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.sequences import pack_rollout, unpad_prompts
+from hybrid.workers.actor import ActorWorker, WorkerFacts
+from hybrid.workers.parallel import gather_across_tp
+from hybrid.workers.sequences import unpad_prompts
+
+__all__ = ["ActorRolloutWorker", "WorkerFacts"]
 
 
-class WorkerFacts(TypedDict):
-    """What a worker resolved at start-up (`describe`)."""
-
-    parameters: int
-    hardware: str
-    actor_dtype: Dtype
-    ref_dtype: Dtype
-    rollout_dtype: Dtype
-    sync_strategy: str
-    weight_layout: str
-
-
-class ActorRolloutWorker(Worker):
-    def __init__(self, config: HybridWorkerConfig) -> None:
-        self.config = config
-        self.ledger = process_ledger(self.rank, self.rank_env.node)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
+class ActorRolloutWorker(ActorWorker):
+    def _init_rollout(self) -> None:
         c = self.config
-        self.parallel: ParallelState = init_parallel(
-            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
-        )
-        device = self.parallel.device
-        self.hardware = Hardware.detect(device)
-        self.dtypes: ComputeDtypes = c.compute_dtypes(self.hardware)
-        self.model = build_fsdp_model(
-            c.model.path,
-            self.parallel.fsdp_mesh,
-            device,
-            param_dtype=torch_dtype(self.dtypes.actor),
-            reduce_dtype=torch_dtype(c.actor.reduce_dtype),
-            master_dtype=torch_dtype(c.actor.master_dtype),
-            attn_implementation=c.model.attn_implementation,
-            gradient_checkpointing=c.model.gradient_checkpointing,
-            lora=c.model.lora,
-        )
-        a = c.actor
-        self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
-        self.ledger.track("actor", self._actor_components)
-        self.ledger.record("init/actor")
         lora = c.model.lora
         adapter_sync = lora.enabled and c.sync.lora_mode == "adapter"
         self.engine = VllmEngine(
             c.model.path,
             c.rollout,
-            device,
+            self.parallel.device,
             self.dtypes.rollout,
             lora_rank=lora.rank if adapter_sync else 0,
         )
@@ -104,63 +51,21 @@ class ActorRolloutWorker(Worker):
         self.ledger.track("rollout", self._rollout_components)
         self.ledger.record("init/rollout")
         self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
-        offloader = Offloader(
-            self.model, self.optimizer, device, c.actor.param_offload, c.actor.optimizer_offload
-        )
-        self.lora_sync = (
-            LoraSync(
-                self.model,
-                adapter_spec(self.model, lora, c.model.path),
-                adapter_directory(self.rank),
-                torch_dtype(self.dtypes.rollout),
-            )
-            if lora.enabled
-            else None
-        )
         self.modes = ModeSwitch(
             self.model,
             self.engine,
-            offloader,
+            self.offloader,
             c.sync,
             self.ledger,
             c.rollout.seed + self.rank,
             self.lora_sync,
         )
-        a = c.actor
-        self.update_pass = pass_config(
-            c.model,
-            a.micro_batch_size,
-            a.use_dynamic_bsz,
-            a.ppo_max_token_len_per_gpu,
-            "actor.ppo_max_token_len_per_gpu",
-        )
-        self.log_prob_pass = pass_config(
-            c.model,
-            a.micro_batch_size,
-            a.use_dynamic_bsz,
-            a.log_prob_max_token_len_per_gpu,
-            "actor.log_prob_max_token_len_per_gpu",
-        )
-        self.ref_pass = pass_config(
-            c.model,
-            c.ref.micro_batch_size,
-            c.ref.use_dynamic_bsz,
-            c.ref.log_prob_max_token_len_per_gpu,
-            "ref.log_prob_max_token_len_per_gpu",
-        )
-        self.trainer = PolicyTrainer(
-            self.model, self.optimizer, c.actor, self.update_pass, self.ledger
-        )
-        self.modes.trainer_mode()  # start with the KV cache released and the actor offloaded
-        offloader.offload_optimizer()
-        offloader.offload_params()
+        self.modes.trainer_mode()  # start with the KV cache released
 
-    def _actor_components(self) -> dict[str, ByDevice]:
-        return {
-            "actor_params": parameter_bytes(self.model),
-            "actor_grads": gradient_bytes(self.model),
-            "optimizer_state": optimizer_state_bytes(self.optimizer),
-        }
+    def _phase(
+        self, name: str, with_optimizer: bool = False, caller: str | None = None
+    ) -> AbstractContextManager[None]:
+        return self.modes.trainer_phase(name, with_optimizer, caller)
 
     def _rollout_components(self) -> dict[str, ByDevice]:
         device, host = self.parallel.device.type, "cpu"
@@ -173,16 +78,10 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self) -> WorkerFacts:
-        """What this worker resolved at start-up, for the start-up summary and config.json."""
-        return {
-            "parameters": full_parameter_count(self.model),
-            "hardware": self.hardware.description,
-            "actor_dtype": self.dtypes.actor,
-            "ref_dtype": self.dtypes.ref,
-            "rollout_dtype": self.dtypes.rollout,
-            "sync_strategy": self.modes.strategy,
-            "weight_layout": self.engine.weight_layout,
-        }
+        facts = super().describe()
+        facts["sync_strategy"] = self.modes.strategy
+        facts["weight_layout"] = self.engine.weight_layout
+        return facts
 
     # --- rollout -------------------------------------------------------------------------
 
@@ -221,28 +120,37 @@ class ActorRolloutWorker(Worker):
     def _generate(self, batch: Batch, greedy: bool) -> Batch:
         self.modes.require(Mode.ROLLOUT, "generate_sequences")
         n = 1 if greedy else self.config.rollout.n
-        requests = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
+        prompt_ids = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
         seeds = batch.tensors["seed"].tolist() if "seed" in batch else [None] * len(batch)
-        shared, mine = gather_across_tp(self.parallel, list(zip(requests, seeds, strict=True)))
+        shared, mine = gather_across_tp(self.parallel, list(zip(prompt_ids, seeds, strict=True)))
         shared_seeds = [seed for _, seed in shared]
         with self.ledger.timed("gen"):
-            samples = self.engine.generate(
+            generated = self.engine.generate(
                 [request for request, _ in shared],
                 greedy=greedy,
                 seeds=None if None in shared_seeds else shared_seeds,
             )[mine.start * n : mine.stop * n]
         self.ledger.record("rollout/generate")
+        # Colocated generation runs on the weights of the last sync: one version, lag 0.
+        version = self.modes.num_syncs - 1
+        samples = [
+            Sample(
+                uid=f"row-{i // n}",
+                index=i % n,
+                prompt_ids=prompt_ids[i // n],
+                response_ids=g.token_ids,
+                rollout_log_probs=g.log_probs,
+                versions=[version] * len(g.token_ids),
+                status=SampleStatus.COMPLETED,
+                text=g.text,
+            )
+            for i, g in enumerate(generated)
+        ]
+        width = batch.tensors["input_ids"].shape[1]
+        out = samples_to_batch(
+            samples, self.config.rollout.response_length, self.tokenizer.pad_token_id, width
+        ).select(_GENERATED_COLUMNS)
         rows = batch.repeat(n, interleave=True)  # n adjacent samples per prompt
-        packed = pack_rollout(
-            rows.tensors["input_ids"],
-            rows.tensors["attention_mask"],
-            samples,
-            self.config.rollout.response_length,
-            self.tokenizer.pad_token_id,
-        )
-        generated = Batch.from_dict(
-            packed, non_tensors={"response_text": [s.text for s in samples]}
-        )
         rest = rows.select(
             [
                 k
@@ -250,7 +158,7 @@ class ActorRolloutWorker(Worker):
                 if k not in ("input_ids", "attention_mask")
             ]
         )
-        return rest.union(generated) if rest.keys() else generated
+        return rest.union(out) if rest.keys() else out
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_engine_log_prob(self, batch: Batch) -> Batch:
@@ -265,84 +173,14 @@ class ActorRolloutWorker(Worker):
             return self._engine_log_prob(batch)
 
     def _engine_log_prob(self, batch: Batch) -> Batch:
-        responses = batch.tensors["responses"]
         sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
         shared, mine = gather_across_tp(self.parallel, sequences)
         scores = self.engine.score(shared)[mine]
-        out = torch.zeros(responses.shape, dtype=torch.float32)
-        for i, (seq_scores, mask) in enumerate(
-            zip(scores, batch.tensors["response_mask"], strict=True)
-        ):
-            n = int(mask.sum())
-            if n:
-                out[i, :n] = torch.tensor(seq_scores[-n:])
-        return Batch.from_dict({"engine_log_probs": out})
-
-    # --- training ------------------------------------------------------------------------
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def compute_log_prob(self, batch: Batch) -> Batch:
-        """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
-        with self.modes.trainer_phase("old_log_prob", caller="compute_log_prob"):
-            self.model.eval()
-            scored = score_responses(
-                self.model, batch.to(self.parallel.device), self.log_prob_pass, with_entropy=True
-            )
-            self.ledger.record("old_log_prob/forward")
         return Batch.from_dict(
-            {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
+            {"engine_log_probs": response_scores(scores, batch.tensors["response_mask"])}
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        """The reference policy's log-probs with LoRA: the actor with its adapters disabled,
-        i.e. the frozen base model (no second copy of the weights)."""
-        if self.lora_sync is None:
-            raise RuntimeError(
-                "actor_rollout.compute_ref_log_prob serves LoRA runs (the base is the "
-                "reference); without LoRA call the ref worker's compute_ref_log_prob"
-            )
-        with self.modes.trainer_phase("ref", caller="compute_ref_log_prob"):
-            self.model.eval()
-            with adapters_disabled(self.model):
-                scored = score_responses(
-                    self.model, batch.to(self.parallel.device), self.ref_pass, with_entropy=False
-                )
-            self.ledger.record("ref/forward")
-        return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def update_actor(self, batch: Batch) -> dict[str, float]:
-        with self.modes.trainer_phase("update", with_optimizer=True, caller="update_actor"):
-            return self.trainer.update(batch.to(self.parallel.device))
-
     # --- state ---------------------------------------------------------------------------
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def pop_metrics(self) -> dict[str, float]:
-        """This step's timings and memory headline (the whole process: ref included)."""
-        return self.ledger.pop_metrics()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def pop_memory_records(self, step: int) -> list[MemoryRecord]:
-        """The memory ledger's boundaries since the last call, stamped with `step`."""
-        return self.ledger.pop_records(step)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def start_memory_history(self, max_entries: int = 100_000) -> None:
-        """Record every CUDA allocation from now on (torch's memory snapshot history)."""
-        if self.parallel.device.type != "cuda":
-            raise RuntimeError("memory snapshots need CUDA (trainer.use_gpu=true)")
-        torch.cuda.memory._record_memory_history(max_entries=max_entries)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def dump_memory_history(self, directory: str, step: int) -> str:
-        """Save the recorded history as `<directory>/rank<r>_step<s>.pickle` and stop."""
-        path = Path(directory) / f"rank{self.rank}_step{step}.pickle"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(path))
-        torch.cuda.memory._record_memory_history(enabled=None)
-        return str(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def configure_sync(self, sync: SyncConfig) -> None:
@@ -359,40 +197,21 @@ class ActorRolloutWorker(Worker):
         return verify(self.engine.model, self.modes.last_checksums)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
-        with self.modes.trainer_phase("save_checkpoint", with_optimizer=True):
-            save_checkpoint(Path(path), self.model, self.optimizer, extra)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
-        with self.modes.trainer_phase("load_checkpoint", with_optimizer=True):
-            return load_checkpoint(Path(path), self.model, self.optimizer)
-
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
-    def export_hf(self, path: str) -> str:
-        """The actor as a Hugging Face model directory at `path` (written by rank 0); with
-        LoRA the adapters merged into the base."""
-        with self.modes.trainer_phase("export_hf"):
-            if self.lora_sync is not None:
-                merged = dict(self.lora_sync.iter_merged(layered=True, on_group_done=None))
-                return str(write_hf_model(merged, self.config.model.path, path))
-            return str(export_hf_model(self.model, self.config.model.path, path))
-
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
-    def export_adapter(self, path: str) -> str:
-        """The LoRA adapter as a peft directory at `path` (PeftModel.from_pretrained and
-        vLLM's LoRARequest load it); written by rank 0."""
-        if self.lora_sync is None:
-            raise RuntimeError("export_adapter needs LoRA (model.lora.rank > 0)")
-        with self.modes.trainer_phase("export_adapter"):
-            tensors = self.lora_sync.gather_adapter(layered=True, on_group_done=None)
-            if self.rank == 0:
-                write_adapter(Path(path), tensors, self.lora_sync.spec)
-        return path
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engine(self) -> None:
         """Free the engine before the process group ends (vLLM raises otherwise)."""
         self.engine.shutdown()
-        if self.lora_sync is not None:
-            self.lora_sync.remove_files()
+        super().shutdown_engine()
+
+
+# What generation adds to the prompt rows (the rows keep their own uid and metadata).
+_GENERATED_COLUMNS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "rollout_log_probs",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_text",
+)
+

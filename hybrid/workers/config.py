@@ -232,4 +232,3 @@ class HybridWorkerConfig:
         return ComputeDtypes.resolve(
             self.actor.param_dtype, self.ref.param_dtype, self.rollout.dtype, hardware
         )
-

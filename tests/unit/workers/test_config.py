@@ -78,7 +78,8 @@ def test_compute_dtypes_default_to_auto() -> None:
 
 def test_unknown_rollout_dtype_lists_the_allowed_values() -> None:
     with pytest.raises(
-        ValueError, match=r"rollout\.dtype must be one of .*auto.*bfloat16.*float16.*float32.*float8"
+        ValueError,
+        match=r"rollout\.dtype must be one of .*auto.*bfloat16.*float16.*float32.*float8",
     ):
         RolloutConfig(dtype="float8")  # type: ignore[arg-type]
 

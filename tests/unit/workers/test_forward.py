@@ -8,13 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.data import Batch
-from hybrid.data.prompts import left_pad
+from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.rollout.base import GeneratedSample
 from hybrid.workers import varlen_attention
 from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
 from hybrid.workers.packing import packed_inputs
-from hybrid.workers.sequences import pack_rollout
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +38,7 @@ def fp32_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
 
 
 def ragged_batch(rows: int = 6, prompt: int = 7, response: int = 6, seed: int = 0) -> Batch:
-    """Rows as a rollout delivers them (hybrid.workers.sequences): prompts of 1..`prompt`
+    """Rows as a rollout delivers them (hybrid.data.sample): prompts of 1..`prompt`
     tokens left-padded, responses of 1..`response` tokens right-padded, pad id 0."""
     g = torch.Generator().manual_seed(seed)
 
@@ -48,13 +46,19 @@ def ragged_batch(rows: int = 6, prompt: int = 7, response: int = 6, seed: int = 
         length = int(torch.randint(1, longest + 1, (1,), generator=g))
         return torch.randint(5, 200, (length,), generator=g).tolist()
 
-    prompts = left_pad([tokens(prompt) for _ in range(rows)], prompt, pad_token_id=0)
     samples = [
-        GeneratedSample(token_ids=ids, log_probs=[0.0] * len(ids), text="")
-        for ids in (tokens(response) for _ in range(rows))
+        Sample(
+            uid=str(i),
+            index=0,
+            prompt_ids=tokens(prompt),
+            response_ids=ids,
+            rollout_log_probs=[0.0] * len(ids),
+            versions=[0] * len(ids),
+            status=SampleStatus.COMPLETED,
+        )
+        for i, ids in enumerate(tokens(response) for _ in range(rows))
     ]
-    t = prompts.tensors
-    return Batch.from_dict(pack_rollout(t["input_ids"], t["attention_mask"], samples, response, 0))
+    return samples_to_batch(samples, response, pad_token_id=0, prompt_width=prompt)
 
 
 def test_packed_inputs_keep_only_valid_tokens_and_restart_positions() -> None:

@@ -1,0 +1,170 @@
+"""`Sample`: one response the engine produced, the atomic unit of every placement (slime's
+split between the engine's output and the trainer's batch).
+
+A Sample carries its prompt's identity (`uid`: one per prompt, shared by the prompt's group of
+`n` responses; `index` within the group), the tokens, the engine's log-prob of each response
+token, and the weight version that produced each response token (a list, so that a partial
+rollout resumed under newer weights can say which tokens came from which). `metadata` holds
+the prompt row's other per-row values (data_source, ground_truth, seed, ...), which the rewards
+read.
+
+`samples_to_batch` is the one conversion from Samples to the padded `Batch` the trainer and
+the reward manager consume; every placement uses it.
+
+Shapes (b = samples, P = prompt width, R = response width):
+  prompts (b, P) left-padded   responses / response_mask / rollout_log_probs / versions (b, R)
+  input_ids / attention_mask / position_ids (b, P + R)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from hybrid.data.batch import Batch
+
+NO_VERSION = -1
+"""`versions` value on padding positions."""
+
+
+class SampleStatus(Enum):
+    PENDING = "pending"
+    """Generation has not finished (a partial rollout waiting to be resumed)."""
+    COMPLETED = "completed"
+    """The engine stopped on its own (end of sequence or a stop token)."""
+    TRUNCATED = "truncated"
+    """Cut at the response length."""
+    ABORTED = "aborted"
+    """Stopped from outside (a weight sync or a shutdown) and not to be trained on."""
+
+
+@dataclass
+class Sample:
+    uid: str
+    """The prompt's id: every response to one prompt shares it (the GRPO group)."""
+    index: int
+    """This response's position within its group, 0 .. n-1."""
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    """The engine's log-prob of each response token under the weights that sampled it."""
+    versions: list[int] = field(default_factory=list)
+    """The weight version that generated each response token."""
+    status: SampleStatus = SampleStatus.PENDING
+    reward: float | None = None
+    text: str = ""
+    """The detokenised response."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The prompt row's other per-row values (data_source, ground_truth, seed, ...)."""
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest weight version among the response's tokens (its staleness)."""
+        return min(self.versions) if self.versions else NO_VERSION
+
+    def check(self) -> None:
+        """Per-token lists must line up; the error names the sample."""
+        lengths = {
+            "response_ids": len(self.response_ids),
+            "rollout_log_probs": len(self.rollout_log_probs),
+            "versions": len(self.versions),
+        }
+        if len(set(lengths.values())) != 1:
+            raise ValueError(
+                f"sample {self.uid}#{self.index}: per-token lists differ in length {lengths}"
+            )
+        if not self.prompt_ids:
+            raise ValueError(f"sample {self.uid}#{self.index}: empty prompt")
+
+
+def samples_to_batch(
+    samples: Sequence[Sample],
+    response_length: int,
+    pad_token_id: int,
+    prompt_width: int | None = None,
+) -> Batch:
+    """The padded training batch of `samples`, in their order.
+
+    Prompts are left-padded to `prompt_width` (default: the longest prompt), responses
+    right-padded to `response_length`. Non-tensor columns: uid, index, status, response_text,
+    reward (None where unscored) and every metadata key (all samples must have the same keys).
+    """
+    if not samples:
+        raise ValueError("samples_to_batch: no samples")
+    width = max(len(s.prompt_ids) for s in samples) if prompt_width is None else prompt_width
+    rows = len(samples)
+    prompts = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((rows, width), dtype=torch.long)
+    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((rows, response_length), dtype=torch.long)
+    log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
+    versions = torch.full((rows, response_length), NO_VERSION, dtype=torch.long)
+    keys = sorted(samples[0].metadata)
+    for i, sample in enumerate(samples):
+        sample.check()
+        p, n = len(sample.prompt_ids), sample.response_length
+        if p > width:
+            raise ValueError(
+                f"sample {sample.uid}#{sample.index}: prompt of {p} tokens exceeds the width {width}"
+            )
+        if n > response_length:
+            raise ValueError(
+                f"sample {sample.uid}#{sample.index}: {n} response tokens, more than "
+                f"response_length={response_length}"
+            )
+        if sorted(sample.metadata) != keys:
+            raise ValueError(
+                f"sample {sample.uid}#{sample.index}: metadata keys {sorted(sample.metadata)} "
+                f"differ from the first sample's {keys}"
+            )
+        prompts[i, width - p :] = torch.tensor(sample.prompt_ids, dtype=torch.long)
+        prompt_mask[i, width - p :] = 1
+        if n:
+            responses[i, :n] = torch.tensor(sample.response_ids, dtype=torch.long)
+            response_mask[i, :n] = 1
+            log_probs[i, :n] = torch.tensor(sample.rollout_log_probs, dtype=torch.float32)
+            versions[i, :n] = torch.tensor(sample.versions, dtype=torch.long)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs,
+        "versions": versions,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
+    non_tensors: dict[str, list[Any]] = {
+        "uid": [s.uid for s in samples],
+        "index": [s.index for s in samples],
+        "status": [s.status.value for s in samples],
+        "response_text": [s.text for s in samples],
+        "reward": [s.reward for s in samples],
+    }
+    for key in keys:
+        if key in non_tensors or key in tensors:
+            raise ValueError(f"metadata key {key!r} collides with a batch column of that name")
+        non_tensors[key] = [s.metadata[key] for s in samples]
+    return Batch.from_dict(tensors, non_tensors)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2, ... over the real tokens; left padding gets 0, right padding repeats the last
+    position (both are masked out)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def version_lag(
+    versions: torch.Tensor, response_mask: torch.Tensor, trainer_version: int
+) -> torch.Tensor:
+    """Per-token lag (trainer_version - token's version) over the response mask; 0 elsewhere."""
+    return (trainer_version - versions) * response_mask

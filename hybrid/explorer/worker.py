@@ -1,0 +1,202 @@
+"""ExplorerWorker: a WorkerDict member that hosts the rollout engine only (split placement).
+
+It generates Samples for its share of a prompt batch and puts them into the experience
+buffer itself (the driver never holds them), loads weight versions from whichever transport
+the run uses, and scores given tokens with the engine (the sync check's explorer side). No
+FSDP model lives here: the explorer's process group and TP meshes are its own, independent
+of the trainer group's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+import torch
+from transformers import AutoTokenizer
+
+from hybrid.controller import Dispatch, Worker, register
+from hybrid.data import Batch
+from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
+from hybrid.dtypes import Hardware
+from hybrid.rollout.base import GeneratedSample
+from hybrid.rollout.scores import response_scores
+from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.sharding.loader import WeightLoader
+from hybrid.transport.checkpoint import read_version
+from hybrid.transport.collective import BroadcastGroup
+from hybrid.transport.memory import get_version
+from hybrid.workers.config import HybridWorkerConfig
+from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
+from hybrid.workers.sequences import unpad_prompts
+
+_PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
+
+
+def build_samples(
+    prompts: Batch,
+    prompt_ids: list[list[int]],
+    generated: list[GeneratedSample],
+    n: int,
+    version: int,
+    response_length: int,
+) -> list[Sample]:
+    """n Samples per prompt row, prompt-major; every other column of a row (data_source,
+    ground_truth, seed, ...) becomes the Samples' metadata."""
+    columns = {k: v for k, v in prompts.non_tensors.items() if k not in _PROMPT_COLUMNS}
+    tensors = {k: v for k, v in prompts.tensors.items() if k not in _PROMPT_COLUMNS}
+    samples = []
+    for i, g in enumerate(generated):
+        row = i // n
+        metadata: dict[str, Any] = {k: v[row] for k, v in columns.items()}
+        metadata.update({k: t[row].tolist() for k, t in tensors.items()})
+        samples.append(
+            Sample(
+                uid=str(prompts.non_tensors["uid"][row]),
+                index=i % n,
+                prompt_ids=prompt_ids[row],
+                response_ids=g.token_ids,
+                rollout_log_probs=g.log_probs,
+                versions=[version] * len(g.token_ids),
+                # Hitting the length limit is the only way a response reaches it.
+                status=(
+                    SampleStatus.TRUNCATED
+                    if len(g.token_ids) >= response_length
+                    else SampleStatus.COMPLETED
+                ),
+                text=g.text,
+                metadata=metadata,
+            )
+        )
+    return samples
+
+
+class ExplorerWorker(Worker):
+    def __init__(self, config: HybridWorkerConfig) -> None:
+        self.config = config
+        self.version = -1
+        """The weight version in the engine (-1: the dummy weights it started with)."""
+        self._broadcast: BroadcastGroup | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_engine(self) -> None:
+        c = self.config
+        self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
+        self.hardware = Hardware.detect(self.parallel.device)
+        self.dtypes = c.compute_dtypes(self.hardware)
+        self.engine = VllmEngine(c.model.path, c.rollout, self.parallel.device, self.dtypes.rollout)
+        self.loader = WeightLoader(self.engine, c.sync.strategy)
+        self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self) -> dict[str, str]:
+        return {
+            "hardware": self.hardware.description,
+            "rollout_dtype": self.dtypes.rollout,
+            "sync_strategy": self.loader.strategy,
+            "weight_layout": self.engine.weight_layout,
+        }
+
+    # --- generation ----------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def explore(self, prompts: Batch, buffer: Any, timeout_s: float) -> dict[str, float]:
+        """Generate rollout.n Samples per prompt row with the current weights and put them
+        into `buffer` (an ExperienceBuffer actor); the first rank of each TP group puts them."""
+        started = time.perf_counter()
+        samples = self._generate(prompts)
+        gen_s = time.perf_counter() - started
+        if self.parallel.tp_rank == 0:
+            ray.get(buffer.put.remote(samples, timeout_s))
+        return {
+            "samples": float(len(samples)),
+            "tokens": float(sum(s.response_length for s in samples)),
+            "gen_s": gen_s,
+            "version": float(self.version),
+        }
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def generate_sequences(self, prompts: Batch, greedy: bool = True) -> Batch:
+        """One response per prompt row as a Batch (validation), with the weights held."""
+        samples = self._generate(prompts, greedy)
+        width = prompts.tensors["input_ids"].shape[1]
+        return samples_to_batch(
+            samples, self.config.rollout.response_length, self.tokenizer.pad_token_id, width
+        )
+
+    def _generate(self, prompts: Batch, greedy: bool = False) -> list[Sample]:
+        c = self.config.rollout
+        n = 1 if greedy else c.n
+        prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+        seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
+        shared, mine = gather_across_tp(self.parallel, list(zip(prompt_ids, seeds, strict=True)))
+        shared_seeds = [seed for _, seed in shared]
+        generated = self.engine.generate(
+            [request for request, _ in shared],
+            greedy=greedy,
+            seeds=None if None in shared_seeds else shared_seeds,
+        )[mine.start * n : mine.stop * n]
+        return build_samples(prompts, prompt_ids, generated, n, self.version, c.response_length)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_engine_log_prob(self, batch: Batch) -> Batch:
+        """The engine's log-probs of the given responses under the weights it holds."""
+        sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
+        shared, mine = gather_across_tp(self.parallel, sequences)
+        scores = self.engine.score(shared)[mine]
+        return Batch.from_dict(
+            {"engine_log_probs": response_scores(scores, batch.tensors["response_mask"])}
+        )
+
+    # --- weights -------------------------------------------------------------------------
+
+    def _load(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        started = time.perf_counter()
+        self.loader.load(weights)
+        # Cached prefixes were computed by the old weights.
+        self.engine.llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - started
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_from_memory(self, version: int, refs: list[Any]) -> float:
+        """Load `version` from the object store (its bucket refs); returns the seconds taken."""
+        return self._load(version, get_version(refs))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_from_checkpoint(self, version: int, path: str) -> float:
+        """Load the complete version directory `path` (checksums verified)."""
+        return self._load(version, read_version(path))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the trainer's broadcast group (rank 0 is the trainer's rank 0)."""
+        self._broadcast = BroadcastGroup(host, port, 1 + self.rank, world_size, timeout_s=timeout_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_from_broadcast(self, version: int) -> float:
+        if self._broadcast is None:
+            raise RuntimeError("load_from_broadcast before join_broadcast")
+        return self._load(version, self._broadcast.receive())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_digest(self) -> dict[str, Any]:
+        """The weight version held and a digest of every engine tensor it keeps readable (a
+        packed layout keeps its linear weights outside tensors: those are not covered)."""
+        digest = hashlib.blake2b(digest_size=16)
+        covered = 0
+        for name, param in sorted(self.engine.model.named_parameters()):
+            if param.numel():
+                digest.update(name.encode())
+                digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                covered += 1
+        return {"version": self.version, "digest": digest.hexdigest(), "tensors": covered}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_engine(self) -> None:
+        if self._broadcast is not None:
+            self._broadcast.close()
+        self.engine.shutdown()

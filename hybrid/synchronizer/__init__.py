@@ -1,0 +1,38 @@
+"""The Synchronizer of the split placement (Trinity-RFT): each side's state, when each side
+syncs, the published weight versions and the timeline. Knows no tensors and no model.
+
+states.py  the four states and each (method, side)'s allowed moves (pure)
+policy.py  the `fixed` and `dynamic_by_explorer` schedules and their lag bound (pure)
+actor.py   the Synchronizer class and its threaded Ray actor
+errors.py  PeerStoppedError
+"""
+
+from hybrid.synchronizer.actor import Synchronizer, SynchronizerActor
+from hybrid.synchronizer.errors import PeerStoppedError
+from hybrid.synchronizer.policy import SyncPolicy, SyncStyle
+from hybrid.synchronizer.states import (
+    Method,
+    Side,
+    SyncState,
+    Transition,
+    TransitionError,
+    allowed_transitions,
+    check_timeline,
+    check_transition,
+)
+
+__all__ = [
+    "Method",
+    "PeerStoppedError",
+    "Side",
+    "SyncPolicy",
+    "SyncState",
+    "SyncStyle",
+    "Synchronizer",
+    "SynchronizerActor",
+    "Transition",
+    "TransitionError",
+    "allowed_transitions",
+    "check_timeline",
+    "check_transition",
+]

@@ -1,0 +1,311 @@
+"""The GRPO driver for trainer.placement=split: explorer workers generate while trainer workers
+train, the Synchronizer keeping them within the style's lag.
+
+Two loops on the driver. The explorer loop (a thread) draws prompt batches in order, brings
+the engines to an allowed weight version (`SyncSides.explorer_sync`) and has the explorers
+generate; the explorers put their Samples into the experience buffer themselves. The trainer
+loop (the main thread) takes one train batch of whole groups per step, scores it (rewards,
+reference, old log-probs), updates the actor and publishes the new version when the style
+says so. Either loop's failure stops the other: the Synchronizer and the buffer wake every
+waiter, and the run ends with the first error, which names the side.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from hybrid.algorithms.advantages import compute_grpo_advantages
+from hybrid.buffer.experience import ExperienceBufferActor
+from hybrid.controller import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+    ensure_ray,
+)
+from hybrid.data import Batch
+from hybrid.data.sample import samples_to_batch
+from hybrid.explorer.worker import ExplorerWorker
+from hybrid.synchronizer.actor import SynchronizerActor
+from hybrid.trainer.balance import balanced_order
+from hybrid.trainer.config import TrainerRunConfig, sync_policy
+from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
+from hybrid.trainer.grpo import GRPOTrainer, masked_stats
+from hybrid.trainer.metrics import Sinks, reduce_over_ranks
+from hybrid.trainer.split_loops import SyncSides, WeightChannel
+from hybrid.workers.ref import ReferenceWorker
+from hybrid.workers.trainer_worker import TrainerWorker
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+"""How often the trainer, waiting for data, looks at sync requests and the explorer loop."""
+
+
+class ExplorerLoop(threading.Thread):
+    """Explorer steps first..last: sync as allowed, then generate into the buffer."""
+
+    def __init__(self, trainer: SplitTrainer, first: int, last: int) -> None:
+        super().__init__(name="explorer-loop", daemon=True)
+        self.trainer = trainer
+        self.first, self.last = first, last
+        self.error: BaseException | None = None
+        self.loader_states: dict[int, dict[str, int]] = {}
+        """The prompt loader's position before each explorer step, recorded as soon as the
+        step before drew its batch (checkpoints need the trainer's position, which lags)."""
+        self.gen_s = 0.0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        t = self.trainer
+        try:
+            for step in range(self.first, self.last + 1):
+                if self.stopping.is_set():
+                    return
+                waited = time.perf_counter()
+                t.sides.explorer_sync(step)
+                t.sides.times.explorer_wait_s += time.perf_counter() - waited
+                prompts = t.seeded_prompts(step)
+                self.loader_states[step + 1] = t.loader.state_dict()
+                stats = t.explorers.explore(prompts, t.buffer, t.config.sync.timeout_s)
+                self.gen_s += max(s["gen_s"] for s in stats)
+            t.sides.explorer_finished()
+        except BaseException as error:  # handed to the trainer loop, which raises it
+            self.error = error
+            reason = f"explorer loop failed: {type(error).__name__}: {error}"
+            ray.get(t.synchronizer.stop.remote("explorer", reason))
+            ray.get(t.buffer.close.remote(reason))
+
+
+class SplitTrainer(GRPOTrainer):
+    def __init__(self, config: TrainerRunConfig) -> None:
+        super().__init__(config)
+        self.policy = sync_policy(config.sync)
+        self.trainer_wait_s = 0.0
+
+    # --- workers ---------------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        c = self.config
+        t = c.trainer
+        worker_config = c.worker_config()
+        log_dir = run_log_dir(t.output_dir, t.verbose)
+        try:
+            ensure_ray(t.ray_address, quiet=log_dir is not None)
+        except ConnectionError as error:
+            raise ValueError(f"trainer.ray_address={t.ray_address!r}: {error}") from None
+        print_lines(
+            [
+                f"starting {t.num_explorer_workers} explorer + {t.num_trainer_workers} trainer "
+                "workers (Ray, vLLM | FSDP2) ..."
+            ]
+        )
+        self.explorers = RayWorkerGroup(
+            RayResourcePool([t.num_explorer_workers], use_gpu=t.use_gpu),
+            RayClassWithInitArgs(ExplorerWorker, worker_config),
+            ray_address=t.ray_address,
+            log_dir=None if log_dir is None else Path(log_dir) / "explorer",
+        )
+        cls = create_colocated_worker_cls(
+            {
+                "actor": RayClassWithInitArgs(TrainerWorker, worker_config),
+                "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
+            }
+        )
+        self.group = RayWorkerGroup(
+            RayResourcePool([t.num_trainer_workers], use_gpu=t.use_gpu),
+            cls,
+            ray_address=t.ray_address,
+            log_dir=None if log_dir is None else Path(log_dir) / "trainer",
+        )
+        views = self.group.spawn(prefix_set={"actor", "ref"})
+        self.actor, self.ref = views["actor"], views["ref"]
+        self.reference = self.ref
+        engines = self.explorers.init_engine.submit()
+        self.actor.init_model()
+        if c.actor.use_kl_loss:
+            self.ref.init_model()
+        engines.get()
+        explorer_facts = self.explorers.describe()[0]
+        self.worker_facts = self.actor.describe()[0]
+        self.worker_facts.update(explorer_facts)
+        print_startup_summary(c, self.worker_facts, log_dir)
+        self.write_resolved_config()
+        out = Path(t.output_dir)
+        self.synchronizer = SynchronizerActor.remote(
+            c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
+        )
+        groups = c.data.train_batch_size * self.policy.buffer_batches()
+        self.buffer = ExperienceBufferActor.remote(c.rollout.n, groups)
+        self.channel = WeightChannel(c.sync, self.synchronizer, self.actor, self.explorers)
+        self.channel.connect()
+        self.sides = SyncSides(self.policy, self.channel, self.synchronizer, t.total_steps)
+        self.log_memory(0)
+
+    def stop_workers(self, after_failure: bool = False) -> None:
+        for group, name in ((self.explorers, "explorer"), (self.group, "trainer")):
+            try:
+                (group.shutdown_engine if group is self.explorers else self.actor.shutdown_engine)()
+            except Exception as error:
+                if not after_failure:
+                    raise
+                logger.debug("%s shutdown after a failure: %s", name, error)
+            group.shutdown()
+
+    # --- the loops -------------------------------------------------------------------------
+
+    def seeded_prompts(self, step: int) -> Batch:
+        """The next prompt batch with one sampling seed per row, as the colocated loop draws."""
+        base = (self.config.trainer.seed * 1_000_003 + step) * 10_007
+        prompts = self.loader.next_batch()
+        return prompts.union(Batch.from_dict({"seed": torch.arange(len(prompts)) + base}))
+
+    def run_steps(self, sinks: Sinks) -> dict[str, float]:
+        """The two loops (trainer.val_before_train does not apply: the explorers hold no
+        weights before the first sync)."""
+        c = self.config
+        self.sides.start(self.step)
+        self.explorer_loop = ExplorerLoop(self, self.step + 1, c.trainer.total_steps)
+        self.explorer_loop.start()
+        metrics: dict[str, float] = {}
+        try:
+            self.sides.initial_publish(self.step)
+            while self.step < c.trainer.total_steps:
+                self.step += 1
+                metrics = self.train_step()
+                self.reward_history.append(metrics["reward/mean"])
+                if self.val_data is not None and c.trainer.test_freq and self.step % c.trainer.test_freq == 0:
+                    metrics.update(self.validate())
+                sinks.log(self.step, metrics)
+                if self.step == c.trainer.total_steps or (
+                    c.trainer.save_freq and self.step % c.trainer.save_freq == 0
+                ):
+                    self.save()
+                self.log_memory(self.step)
+                self.sides.trainer_sync(self.step, after_step=True)
+        except BaseException as error:
+            self.explorer_loop.stopping.set()
+            reason = f"trainer loop failed: {type(error).__name__}: {error}"
+            ray.get(self.synchronizer.stop.remote("trainer", reason))
+            ray.get(self.buffer.close.remote(reason))
+            raise
+        self.explorer_loop.join(timeout=c.sync.timeout_s)
+        ray.get(self.synchronizer.set_state.remote("trainer", "stopped", self.step, "finished"))
+        return metrics
+
+    def take_batch(self) -> list[Any]:
+        """The next train batch of whole groups; answers sync requests while it waits."""
+        c = self.config
+        started = time.perf_counter()
+        while True:
+            samples = ray.get(self.buffer.take.remote(c.data.train_batch_size, POLL_S))
+            if samples is not None:
+                self.trainer_wait_s = time.perf_counter() - started
+                return list(samples)
+            if self.explorer_loop.error is not None:
+                raise self.explorer_loop.error
+            if time.perf_counter() - started > c.sync.timeout_s:
+                raise TimeoutError(
+                    f"trainer step {self.step}: no train batch from the explorer within "
+                    f"sync.timeout_s={c.sync.timeout_s}s"
+                )
+            self.sides.trainer_sync(self.step - 1, after_step=False)
+
+    def train_step(self) -> dict[str, float]:
+        c = self.config
+        started = time.perf_counter()
+        samples = self.take_batch()
+        rollout = samples_to_batch(
+            samples, c.rollout.response_length, self.train_data.pad_token_id, c.data.max_prompt_length
+        )
+        trained_on = self.step - 1  # the version the actor holds now
+        mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
+        lag = ((trained_on - versions) * mask)[mask.bool()]
+        if int(lag.max()) > self.policy.lag_bound():
+            raise RuntimeError(
+                f"step {self.step}: a sample lags {int(lag.max())} versions, more than the "
+                f"style allows ({self.policy.lag_bound()}): the schedule is broken"
+            )
+        t0 = time.perf_counter()
+        ref_future = (
+            self.reference.compute_ref_log_prob.submit(rollout) if c.actor.use_kl_loss else None
+        )
+        old_future = self.actor.compute_log_prob.submit(rollout)
+        scores, metrics = self.rewards.score(rollout)
+        advantages = compute_grpo_advantages(
+            scores, rollout["uid"], norm_by_std=c.algorithm.norm_adv_by_std
+        )
+        rollout = rollout.union(
+            Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
+        )
+        if ref_future is not None:
+            rollout = rollout.union(ref_future.get())
+        rollout = rollout.union(old_future.get())
+        scoring_s = time.perf_counter() - t0
+        order = balanced_order(rollout["attention_mask"].sum(-1), c.trainer.num_trainer_workers)
+        t0 = time.perf_counter()
+        update = reduce_over_ranks(self.actor.update_actor(rollout[order]))
+        update_s = time.perf_counter() - t0
+        worker = reduce_over_ranks(self.actor.pop_metrics())
+        # The sync check: tokens the explorer sampled with the weights the trainer scored
+        # them with must get the same log-probs from both.
+        fresh = mask * (versions == trained_on)
+        t = rollout.tensors
+        diff_mean, diff_max = masked_stats(t["rollout_log_probs"] - t["old_log_probs"], fresh)
+        depth = ray.get(self.buffer.depth.remote())
+        step_s = time.perf_counter() - started
+        tokens = float(rollout["attention_mask"].sum())
+        metrics.update(update)
+        metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
+        metrics.update(self.sides.times.drain())
+        lengths = mask.sum(-1)
+        metrics.update(
+            {
+                "rollout/logprob_diff_mean": diff_mean,
+                "rollout/logprob_diff_max": diff_max,
+                "rollout/fresh_tokens": float(fresh.sum()),
+                "sync/version": float(trained_on),
+                "sync/version_lag_mean": float(lag.float().mean()),
+                "sync/version_lag_max": float(lag.max()),
+                "buffer/groups": float(depth.groups),
+                "response_length/mean": float(lengths.float().mean()),
+                "response_length/max": float(lengths.max()),
+                "timing_s/step": step_s,
+                "timing_s/trainer_wait": self.trainer_wait_s,
+                "timing_s/gen": self._drain_gen_s(),
+                "timing_s/scoring": scoring_s,
+                "timing_s/update_actor": update_s,
+                "perf/throughput": tokens / step_s,
+            }
+        )
+        metrics.setdefault("actor/kl_loss", 0.0)
+        return metrics
+
+    def _drain_gen_s(self) -> float:
+        gen_s, self.explorer_loop.gen_s = self.explorer_loop.gen_s, 0.0
+        return gen_s
+
+    def validate(self) -> dict[str, float]:
+        assert self.val_data is not None
+        from hybrid.data import PromptLoader
+
+        size = self.config.data.val_batch_size
+        batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
+        scores = []
+        for batch in batches.validation_batches(size):
+            rollout = self.explorers.generate_sequences(batch, greedy=True)
+            scores.append(self.rewards.score(rollout)[0])
+        joined = torch.cat(scores)
+        return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+
+    def save(self, loader_state: dict[str, int] | None = None) -> None:
+        # The loader has run ahead with the explorer: store its position after this step's
+        # batch, so that a resumed run draws the next batch as this one would have.
+        super().save(self.explorer_loop.loader_states[self.step + 1])

@@ -1,0 +1,241 @@
+"""The split placement's two sides of a weight sync, as the Synchronizer's state machine says.
+
+`WeightChannel` knows, per transport, what publishing a version (trainer side) and loading
+one (explorer side) means; `trainer_sync` and `explorer_sync` decide when, from the style
+(`SyncPolicy`) and the other side's state, and move their side through the four states:
+
+  nccl:              trainer RUNNING -> WAITING_SYNC -> RUNNING (the broadcast needs both)
+                     explorer RUNNING -> REQUIRE_SYNC -> WAITING_SYNC -> RUNNING
+  memory/checkpoint: trainer stays RUNNING (publishes and goes on)
+                     explorer RUNNING -> REQUIRE_SYNC -> RUNNING (pulls the newest version)
+
+Versions: 0 is the initial weights; the trainer's step t turns version t-1 into t. Every wait
+has a deadline (sync.timeout_s); a dynamic request not answered in time is retried at the
+explorer's next step, a wait the staleness bound requires fails naming the other side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from hybrid.controller import RayWorkerGroup, WorkerGroupView
+from hybrid.sharding.config import SyncConfig
+from hybrid.synchronizer.policy import SyncPolicy
+from hybrid.synchronizer.states import SyncState
+
+RUNNING, REQUIRE, WAITING = SyncState.RUNNING, SyncState.REQUIRE_SYNC, SyncState.WAITING_SYNC
+
+
+class SyncTimeoutError(TimeoutError):
+    """The other side did not do its part of a sync within sync.timeout_s."""
+
+
+@dataclass
+class SyncTimes:
+    """Seconds spent per side since the last drain (step metrics)."""
+
+    publish_s: float = 0.0
+    load_s: float = 0.0
+    explorer_wait_s: float = 0.0
+    syncs: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def drain(self) -> dict[str, float]:
+        out = {
+            "timing_s/publish": self.publish_s,
+            "timing_s/explorer_load": self.load_s,
+            "timing_s/explorer_wait": self.explorer_wait_s,
+            "sync/explorer_syncs": float(self.syncs),
+        }
+        self.publish_s = self.load_s = self.explorer_wait_s = 0.0
+        self.syncs = 0
+        return out
+
+
+class WeightChannel:
+    """Publishing and loading a version over sync.method."""
+
+    def __init__(
+        self,
+        sync: SyncConfig,
+        synchronizer: Any,
+        trainer: WorkerGroupView,
+        explorers: RayWorkerGroup,
+    ) -> None:
+        self.method = sync.method
+        self.timeout_s = sync.timeout_s
+        self.synchronizer = synchronizer
+        self.trainer = trainer
+        self.explorers = explorers
+
+    def connect(self) -> None:
+        """nccl: build the broadcast group (trainer rank 0 + every explorer rank) once."""
+        if self.method != "nccl":
+            return
+        host, port = self.trainer.broadcast_address()
+        world = 1 + self.explorers.world_size
+        joining = self.explorers.join_broadcast.submit(host, port, world, self.timeout_s)
+        self.trainer.join_broadcast(host, port, world, self.timeout_s)
+        joining.get(timeout=self.timeout_s)
+
+    def publish(self, version: int) -> float:
+        publish = {
+            "nccl": self.trainer.publish_to_broadcast,
+            "memory": self.trainer.publish_to_memory,
+            "checkpoint": self.trainer.publish_to_checkpoint,
+        }[self.method]
+        return float(publish(version, self.synchronizer)[0])
+
+    def load(self, version: int) -> float:
+        """Load `version` into every explorer (for nccl: while the trainer publishes it)."""
+        if self.method == "nccl":
+            return float(max(self.explorers.load_from_broadcast(version)))
+        newest, payload = ray.get(self.synchronizer.newest.remote())
+        if newest != version:
+            version, payload = version, ray.get(self.synchronizer.payload.remote(version))
+        load = (
+            self.explorers.load_from_memory
+            if self.method == "memory"
+            else self.explorers.load_from_checkpoint
+        )
+        return float(max(load(version, payload)))
+
+
+class SyncSides:
+    """Both sides' decisions; the trainer's run on the driver's main thread, the explorer's on
+    the explorer loop's thread. All shared state lives in the Synchronizer actor."""
+
+    def __init__(
+        self, policy: SyncPolicy, channel: WeightChannel, synchronizer: Any, total_steps: int
+    ) -> None:
+        self.policy = policy
+        self.channel = channel
+        self.sync = synchronizer
+        self.total_steps = total_steps
+        self.nccl = channel.method == "nccl"
+        self.timeout_s = channel.timeout_s
+        self.times = SyncTimes()
+        self.explorer_version = -1
+
+    def _set(self, side: str, state: SyncState, version: int | None = None, note: str = "") -> None:
+        ray.get(self.sync.set_state.remote(side, state, version, note))
+
+    def _state(self, side: str) -> SyncState:
+        return SyncState(ray.get(self.sync.state.remote(side)))
+
+    # --- trainer side --------------------------------------------------------------------
+
+    def trainer_sync(self, version: int, after_step: bool) -> None:
+        """Publish `version` (the trainer's weights now) if the style or a request wants it.
+        Called after each step and while waiting for data."""
+        if version >= self.total_steps:
+            return  # no explorer step is left to use it
+        newest, _ = ray.get(self.sync.newest.remote())
+        if newest >= version or self._state("explorer") is SyncState.STOPPED:
+            return
+        asked = (
+            self.policy.style == "dynamic_by_explorer"
+            and self._state("explorer") in (REQUIRE, WAITING)
+            and ray.get(self.sync.version.remote("explorer")) < version
+        )
+        if not ((after_step and self.policy.trainer_publishes_after(version)) or asked):
+            return
+        if not self.nccl:
+            self.times.publish_s += self.channel.publish(version)
+            return
+        self._broadcast(version)
+
+    def _broadcast(self, version: int) -> None:
+        """nccl: offer `version`, wait for the explorer to join, send it. An explorer that
+        finished (or died: the driver raises its error next) ends the offer."""
+        self._set("trainer", WAITING, version)
+        seen = ray.get(
+            self.sync.wait_for_state.remote(
+                "explorer", [WAITING, SyncState.STOPPED], self.timeout_s, "trainer"
+            )
+        )
+        if seen is None:
+            raise SyncTimeoutError(
+                f"the explorer did not join the broadcast of weight version {version} within "
+                f"sync.timeout_s={self.timeout_s}s"
+            )
+        if SyncState(seen) is WAITING:
+            self.times.publish_s += self.channel.publish(version)
+        self._set("trainer", RUNNING, version)
+
+    def start(self, version: int) -> None:
+        """Both sides leave STOPPED before either loop runs (so STOPPED means gone)."""
+        self._set("trainer", RUNNING, version, note="start")
+        self._set("explorer", RUNNING, -1, note="start")
+
+    def initial_publish(self, version: int) -> None:
+        """The weights the explorer starts from (0, or the resumed step)."""
+        if not self.nccl:
+            self.times.publish_s += self.channel.publish(version)
+            return
+        self._broadcast(version)
+
+    # --- explorer side -------------------------------------------------------------------
+
+    def explorer_sync(self, step: int) -> None:
+        """Before explorer step `step`: bring the engine to a version the style allows."""
+        held = self.explorer_version
+        required = self.policy.required_version(step)
+        must = held < required
+        asks = self.policy.style == "dynamic_by_explorer" and self.policy.explorer_requests(
+            step, held
+        )
+        if self.nccl:
+            offered = self._state("trainer") == WAITING
+            if not (must or asks or offered):
+                return
+            self._set("explorer", REQUIRE, held)
+            seen = ray.get(
+                self.sync.wait_for_state.remote("trainer", [WAITING], self.timeout_s, "explorer")
+            )
+            if seen is None:
+                self._give_up(step, required, must)
+                return
+            version = int(ray.get(self.sync.version.remote("trainer")))
+            self._set("explorer", WAITING, held)
+            self._loaded(version, self.channel.load(version))
+            return
+        newest, _ = ray.get(self.sync.newest.remote())
+        fresher = self.policy.style == "fixed" and newest > held
+        if not (must or asks or fresher):
+            return
+        self._set("explorer", REQUIRE, held)
+        if newest <= held or newest < required:
+            got = ray.get(
+                self.sync.wait_for_version.remote(
+                    max(required, held + 1), self.timeout_s, "explorer"
+                )
+            )
+            if got is None:
+                self._give_up(step, required, must)
+                return
+            newest = int(got)
+        self._loaded(newest, self.channel.load(newest))
+
+    def explorer_finished(self) -> None:
+        """The explorer's last step is done: no sync can be used any more."""
+        self._set("explorer", SyncState.STOPPED, self.explorer_version, note="finished")
+
+    def _loaded(self, version: int, load_s: float) -> None:
+        self.times.load_s += load_s
+        self.times.syncs += 1
+        self.explorer_version = version
+        self._set("explorer", RUNNING, version)
+
+    def _give_up(self, step: int, required: int, must: bool) -> None:
+        if must:
+            raise SyncTimeoutError(
+                f"explorer step {step} needs weight version >= {required} (sync.max_staleness="
+                f"{self.policy.max_staleness}, style {self.policy.style}) and the trainer did "
+                f"not publish it within sync.timeout_s={self.timeout_s}s"
+            )
+        # A dynamic request nobody answered: go on with the weights held, ask again next step.
+        self._set("explorer", RUNNING, self.explorer_version, note="request timed out")

@@ -1,0 +1,49 @@
+"""Moving full weight tensors from the trainer's rank 0 to the explorers (DESIGN.md, "Decoupled
+modes"). Knows no trainer, explorer, model or sharding class: it moves a stream of
+`(hf_name, full CPU tensor)` pairs and hands the same stream, bit for bit, to the receiver.
+
+Three transports, one module each, all packing the stream with `buckets`:
+- `memory`: buckets in Ray's object store; the version is a list of ObjectRefs that the
+  Synchronizer holds. Needs every process in the same Ray cluster, and the publisher alive
+  while the version is read.
+- `checkpoint`: safetensors shards plus a manifest with per-tensor digests, written to
+  `root/v<N>/` atomically (temp dir, fsync, rename). Needs a filesystem every process sees.
+- `collective` (the `nccl` transport; gloo on CPU): a broadcast group of its own, apart from
+  the default process group, from rank 0 to the explorer ranks. Needs a port on the sender's
+  host that every receiver can reach.
+Every receiver verifies each tensor's digest (`TransportChecksumError` on a mismatch); waits
+have deadlines and fail with `TransportError` naming the other side.
+"""
+
+from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, tensor_digest, unpack_bucket
+from hybrid.transport.checkpoint import (
+    complete_versions,
+    newest_version,
+    prune_versions,
+    read_version,
+    remove_stale_temps,
+    write_version,
+)
+from hybrid.transport.collective import BroadcastGroup, free_port
+from hybrid.transport.errors import TransportChecksumError, TransportError
+from hybrid.transport.memory import get_version, put_version
+
+__all__ = [
+    "BroadcastGroup",
+    "TensorMeta",
+    "TransportChecksumError",
+    "TransportError",
+    "Weights",
+    "complete_versions",
+    "free_port",
+    "get_version",
+    "iter_buckets",
+    "newest_version",
+    "prune_versions",
+    "put_version",
+    "read_version",
+    "remove_stale_temps",
+    "tensor_digest",
+    "unpack_bucket",
+    "write_version",
+]

@@ -1,0 +1,163 @@
+"""Packing a weight stream into flat byte buckets and back (pure, no Ray, no sockets).
+
+A weight stream is an iterable of `(hf_name, full_tensor)` pairs of CPU tensors of any dtype
+(bfloat16 included). `iter_buckets` groups consecutive tensors into flat `uint8` tensors of at
+most `bucket_bytes` each (a tensor larger than that gets a bucket of its own) and describes
+each tensor with a `TensorMeta`: where its bytes lie in the bucket and their CRC-32.
+`unpack_bucket` gives the tensors back, bit for bit, and checks the digests.
+
+Tensors are moved as raw bytes (`view(torch.uint8)`), never converted, so every dtype round
+trips exactly, NaN payloads included. Offsets are aligned to `ALIGN_BYTES` so that a byte slice
+of the bucket can be viewed as any dtype again without a copy.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from hybrid.transport.errors import TransportChecksumError, TransportError
+
+Weights = Iterable[tuple[str, torch.Tensor]]
+"""A weight stream: `(hf_name, full_tensor)` pairs in the order the receiver must see them."""
+
+ALIGN_BYTES = 16
+"""Offsets inside a bucket are multiples of this (the largest element size, complex128)."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one tensor lies in its bucket, and what its bytes must hash to."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """The torch dtype without its prefix, e.g. "bfloat16"."""
+    offset: int
+    """First byte of the tensor inside its bucket."""
+    nbytes: int
+    checksum: str
+    """`tensor_digest` of the tensor's bytes."""
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat `uint8` CPU tensor (a view when it is already contiguous)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"weight tensors must be on the CPU, got one on {tensor.device}")
+    # reshape before view: a 0-dim tensor cannot be viewed as a dtype of another size.
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """CRC-32 of the tensor's bytes, as 8 hex digits (exact: any changed byte changes it)."""
+    return _crc32(as_bytes(tensor))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise TransportError(f"unknown tensor dtype {name!r}")
+    return dtype
+
+
+def group_by_size(
+    weights: Weights, bucket_bytes: int, align: int = 1
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive groups of the stream whose bytes (each tensor starting at a multiple of
+    `align`) fit in `bucket_bytes`; a tensor larger than that forms a group of its own."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    group: list[tuple[str, torch.Tensor]] = []
+    used = 0
+    for name, tensor in weights:
+        start = _align_up(used, align)
+        nbytes = tensor.numel() * tensor.element_size()
+        if group and start + nbytes > bucket_bytes:
+            yield group
+            group, start = [], 0
+        group.append((name, tensor))
+        used = start + nbytes
+    if group:
+        yield group
+
+
+def iter_buckets(
+    weights: Weights, bucket_bytes: int
+) -> Iterator[tuple[torch.Tensor, list[TensorMeta]]]:
+    """Pack the stream into `(flat uint8 bucket, metas)` pairs, in stream order.
+
+    Holds at most one bucket's worth of source tensors plus the bucket being filled.
+    """
+    for group in group_by_size(weights, bucket_bytes, align=ALIGN_BYTES):
+        metas: list[TensorMeta] = []
+        sources: list[torch.Tensor] = []
+        offset = 0
+        for name, tensor in group:
+            source = as_bytes(tensor)
+            offset = _align_up(offset, ALIGN_BYTES)
+            metas.append(
+                TensorMeta(
+                    name=name,
+                    shape=tuple(tensor.shape),
+                    dtype=dtype_name(tensor.dtype),
+                    offset=offset,
+                    nbytes=source.numel(),
+                    checksum=_crc32(source),
+                )
+            )
+            sources.append(source)
+            offset += source.numel()
+        # Zeroed, so that the alignment padding is deterministic too.
+        flat = torch.zeros(offset, dtype=torch.uint8)
+        for meta, source in zip(metas, sources, strict=True):
+            flat[meta.offset : meta.offset + meta.nbytes].copy_(source)
+        yield flat, metas
+
+
+def unpack_bucket(
+    flat: torch.Tensor,
+    metas: list[TensorMeta],
+    verify: bool = True,
+    *,
+    source: str | None = None,
+) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of one bucket, as views into `flat` with their dtype and shape.
+
+    With `verify`, a tensor whose bytes do not match its checksum raises
+    `TransportChecksumError` naming the tensor and `source` (e.g. the version and bucket).
+    """
+    if flat.dtype != torch.uint8 or flat.dim() != 1:
+        raise TransportError(
+            f"a bucket must be a flat uint8 tensor, got {flat.dtype} {tuple(flat.shape)}"
+        )
+    out: list[tuple[str, torch.Tensor]] = []
+    for meta in metas:
+        end = meta.offset + meta.nbytes
+        if end > flat.numel():
+            where = f" ({source})" if source else ""
+            raise TransportError(
+                f"tensor {meta.name!r}{where} ends at byte {end}, past its bucket of {flat.numel()}"
+            )
+        raw = flat[meta.offset : end]
+        if verify:
+            actual = _crc32(raw)
+            if actual != meta.checksum:
+                raise TransportChecksumError(meta.name, meta.checksum, actual, source)
+        tensor = raw.view(dtype_from_name(meta.dtype)).reshape(meta.shape)
+        out.append((meta.name, tensor))
+    return out
+
+
+def _align_up(offset: int, align: int) -> int:
+    return -(-offset // align) * align
+
+
+def _crc32(flat_bytes: torch.Tensor) -> str:
+    return f"{zlib.crc32(flat_bytes.numpy().data):08x}"

@@ -1,0 +1,181 @@
+"""The `nccl` transport: a broadcast group of its own between the trainer's rank 0 (the sender,
+rank 0 here) and the explorer ranks (receivers, ranks 1..), gloo on CPU and NCCL on CUDA.
+
+Every process already has a default torch.distributed group (FSDP's or vLLM's), and this group
+must not touch it: it is built from its own `TCPStore` (hosted by rank 0) and a backend object
+made directly (`ProcessGroupGloo` / `ProcessGroupNCCL`), whose own collectives it calls. It
+never calls `init_process_group` or a `dist.*` function that uses the default group.
+
+Wire format, one round per bucket (every message is a broadcast from rank 0):
+  1. an int64 tensor `[header_len, bucket_len]`; `header_len == 0` means the stream has ended
+  2. the header: the bucket's `TensorMeta`s as JSON bytes in a uint8 tensor (JSON, not
+     pickle, so that a receiver never unpickles what arrives on a socket)
+  3. the flat uint8 bucket
+Buckets travel through the device (`cuda`) or stay on the CPU (`cpu`); the tensors a receiver
+yields are CPU tensors either way, checked against their digests.
+Needs: a `host:port` that rank 0 can listen on and every receiver can reach.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+from collections.abc import Iterator
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, unpack_bucket
+from hybrid.transport.errors import TransportError
+
+_STORE_PREFIX = "hybrid-transport"
+
+
+class BroadcastGroup:
+    """A sender (rank 0) and `world_size - 1` receivers, joined over `host:port`.
+
+    The constructor is collective: it returns once all `world_size` ranks have joined, or
+    raises `TransportError` after `timeout_s`. Every later broadcast has the same deadline.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        device: str = "cpu",
+        timeout_s: float = 600,
+    ) -> None:
+        if world_size < 2:
+            raise ValueError(f"world_size must be >= 2 (a sender and a receiver), got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        self.host, self.port, self.rank, self.world_size = host, port, rank, world_size
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.timeout_s = timeout_s
+        timeout = timedelta(seconds=timeout_s)
+        self._pg: Any = None
+        self._store: dist.TCPStore | None = None
+        try:
+            self._store = dist.TCPStore(
+                host,
+                port,
+                world_size,
+                is_master=rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+            self._pg = self._make_backend(dist.PrefixStore(_STORE_PREFIX, self._store), timeout)
+        except (RuntimeError, OSError) as e:  # DistStoreError and DistNetworkError included
+            raise TransportError(f"{self}: cannot form the group: {e}") from e
+
+    def __repr__(self) -> str:
+        return (
+            f"BroadcastGroup(rank {self.rank}/{self.world_size}, "
+            f"{self.host}:{self.port}, {self.device})"
+        )
+
+    def send(self, weights: Weights, bucket_bytes: int) -> int:
+        """Broadcast the stream to every receiver (rank 0 only); return the bucket bytes sent."""
+        if self.rank != 0:
+            raise RuntimeError(f"{self}: only rank 0 sends")
+        sent = 0
+        for flat, metas in iter_buckets(weights, bucket_bytes):
+            header = json.dumps([asdict(m) for m in metas]).encode()
+            self._broadcast(torch.tensor([len(header), flat.numel()], dtype=torch.int64))
+            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            self._broadcast(flat)
+            sent += flat.numel()
+        self._broadcast(torch.zeros(2, dtype=torch.int64))
+        return sent
+
+    def receive(self, verify: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the stream rank 0 sends, in order, until its end (receivers only).
+
+        Raises `TransportError` if nothing arrives within the group's timeout or the sender
+        dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest.
+        """
+        if self.rank == 0:
+            raise RuntimeError(f"{self}: rank 0 sends, it cannot receive")
+        for index in itertools.count():
+            lengths = self._broadcast(torch.empty(2, dtype=torch.int64)).tolist()
+            header_len, bucket_len = lengths
+            if header_len == 0:
+                return
+            header = self._broadcast(torch.empty(header_len, dtype=torch.uint8))
+            flat = self._broadcast(torch.empty(bucket_len, dtype=torch.uint8))
+            metas = [_meta_from_json(m) for m in json.loads(header.numpy().tobytes())]
+            source = f"broadcast from {self.host}:{self.port}, bucket {index + 1}"
+            yield from unpack_bucket(flat, metas, verify, source=source)
+
+    def close(self) -> None:
+        """Leave the group (idempotent). Peers still waiting on this rank then fail."""
+        if self._pg is not None:
+            self._pg.shutdown()
+            self._pg = None
+        self._store = None
+
+    def __enter__(self) -> BroadcastGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _make_backend(self, store: dist.Store, timeout: timedelta) -> Any:
+        if self.device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            options.is_high_priority_stream = False
+            return dist.ProcessGroupNCCL(store, self.rank, self.world_size, options)
+        # torch 2.13: the gloo options class is `_Options` at runtime (`Options` is the generic
+        # Backend.Options there), while the type stubs only know `Options`.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = timeout
+        # Listen on the interface that routes to rank 0's host (loopback for 127.0.0.1), not
+        # on whatever the machine's hostname resolves to.
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address(self.host))]
+        return dist.ProcessGroupGloo(store, self.rank, self.world_size, options)
+
+    def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Broadcast `tensor` from rank 0 in place; return it, on the CPU."""
+        if self._pg is None:
+            raise TransportError(f"{self} is closed")
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.rootTensor = 0
+        options.timeout = timedelta(seconds=self.timeout_s)
+        on_device = tensor.to(self.device)
+        try:
+            self._pg.broadcast([on_device], options).wait()
+        except RuntimeError as e:
+            raise TransportError(f"{self}: broadcast failed (peer dead or timed out): {e}") from e
+        return on_device.cpu()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that was free a moment ago (for rank 0's store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _local_address(remote_host: str) -> str:
+    """This machine's address on the route to `remote_host` (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((remote_host, 9))
+        address: str = sock.getsockname()[0]
+        return address
+
+
+def _meta_from_json(data: dict[str, Any]) -> TensorMeta:
+    return TensorMeta(**{**data, "shape": tuple(data["shape"])})

@@ -1,0 +1,76 @@
+"""The `memory` transport: weight buckets in Ray's object store.
+
+The publisher (trainer rank 0) `put_version`s a weight stream: each bucket becomes one object,
+`(bytes, metas)`, and the list of their ObjectRefs is the version. Whoever holds that list (the
+Synchronizer) keeps the objects alive: refs nested in a list are not resolved by Ray, only
+counted. An explorer `get_version`s the list, one bucket at a time.
+
+The bucket travels as a NumPy `uint8` array, which Ray stores and reads back without pickling
+its bytes: on one node a reader maps the object store's shared memory, between nodes Ray copies
+the object itself; nothing is routed through the driver. Needs: every process in the same Ray
+cluster, and the publisher alive while the version is read (Ray's objects die with their owner,
+the process that put them).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, ObjectLostError
+
+from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, unpack_bucket
+from hybrid.transport.errors import TransportError
+
+
+def put_version(weights: Weights, bucket_bytes: int) -> list[ray.ObjectRef]:
+    """Put the stream into the object store, one object per bucket; the refs in stream order."""
+    return [ray.put((flat.numpy(), metas)) for flat, metas in iter_buckets(weights, bucket_bytes)]
+
+
+def get_version(
+    refs: list[ray.ObjectRef],
+    verify: bool = True,
+    *,
+    version: int | None = None,
+    timeout_s: float = 600.0,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield the stream `put_version` stored, verifying each tensor's checksum with `verify`.
+
+    Fetches one bucket at a time, so that at most one bucket is resident beyond the tensors the
+    consumer keeps. The tensors are fresh copies: the object store's memory is read-only and is
+    released once the bucket has been unpacked. `version` only names the source in errors.
+    Raises `TransportError` if a bucket takes longer than `timeout_s` or is gone (its owner,
+    the publisher, died).
+    """
+    label = "memory transport" if version is None else f"memory transport, version {version}"
+    for index, ref in enumerate(refs):
+        source = f"{label}, bucket {index + 1}/{len(refs)}"
+        try:
+            array, metas = ray.get(ref, timeout=timeout_s)
+        except GetTimeoutError as e:
+            raise TransportError(f"{source}: not fetched within {timeout_s} s") from e
+        except ObjectLostError as e:
+            raise TransportError(f"{source} is lost (did its publisher die?): {e}") from e
+        flat = _read_only_tensor(array)
+        unpacked = unpack_bucket(flat, _checked_metas(metas, source), verify, source=source)
+        del array, flat
+        for name, tensor in unpacked:
+            yield name, tensor.clone()
+
+
+def _read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    # The object store hands out a read-only buffer; torch warns that it cannot enforce that.
+    # Nothing writes to this tensor: it is only viewed, digested and cloned.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def _checked_metas(metas: object, source: str) -> list[TensorMeta]:
+    if not isinstance(metas, list) or not all(isinstance(m, TensorMeta) for m in metas):
+        raise TransportError(f"{source} is not a bucket written by put_version")
+    return metas

@@ -1,0 +1,259 @@
+"""ActorWorker: the FSDP2 actor of one WorkerDict, without a rollout engine.
+
+The training half every placement shares: the model and its optimizer, the offload policy,
+the scoring and update passes (PolicyTrainer), checkpoints and exports. `ActorRolloutWorker`
+adds the in-process engine and the mode switch (colocated); the split placement's trainer
+workers use this class as it is and publish their weights through a transport
+(`hybrid.workers.publish`). Training-side work runs inside `self._phase(...)`, which onloads
+and offloads by config and marks the memory ledger.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, TypedDict
+
+import torch
+
+from hybrid.controller import Dispatch, Worker, register
+from hybrid.data import Batch
+from hybrid.dtypes import ComputeDtypes, Dtype, Hardware, torch_dtype
+from hybrid.memory.components import (
+    ByDevice,
+    full_parameter_count,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
+from hybrid.memory.ledger import process_ledger
+from hybrid.memory.records import MemoryRecord
+from hybrid.sharding.lora_files import write_adapter
+from hybrid.sharding.lora_sync import LoraSync, adapter_directory
+from hybrid.sharding.offload import Offloader
+from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
+from hybrid.workers.config import HybridWorkerConfig
+from hybrid.workers.export import export_hf_model, write_hf_model
+from hybrid.workers.forward import pass_config, score_responses
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.lora import adapter_spec, adapters_disabled
+from hybrid.workers.parallel import ParallelState, init_parallel
+from hybrid.workers.policy import PolicyTrainer
+
+
+class WorkerFacts(TypedDict):
+    """What a worker resolved at start-up (`describe`)."""
+
+    parameters: int
+    hardware: str
+    actor_dtype: Dtype
+    ref_dtype: Dtype
+    rollout_dtype: Dtype
+    sync_strategy: str
+    weight_layout: str
+
+
+class ActorWorker(Worker):
+    def __init__(self, config: HybridWorkerConfig) -> None:
+        self.config = config
+        self.ledger = process_ledger(self.rank, self.rank_env.node)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        c = self.config
+        self.parallel: ParallelState = init_parallel(
+            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
+        )
+        device = self.parallel.device
+        self.hardware = Hardware.detect(device)
+        self.dtypes: ComputeDtypes = c.compute_dtypes(self.hardware)
+        self.model = build_fsdp_model(
+            c.model.path,
+            self.parallel.fsdp_mesh,
+            device,
+            param_dtype=torch_dtype(self.dtypes.actor),
+            reduce_dtype=torch_dtype(c.actor.reduce_dtype),
+            master_dtype=torch_dtype(c.actor.master_dtype),
+            attn_implementation=c.model.attn_implementation,
+            gradient_checkpointing=c.model.gradient_checkpointing,
+            lora=c.model.lora,
+        )
+        a = c.actor
+        self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
+        self.ledger.track("actor", self._actor_components)
+        self.ledger.record("init/actor")
+        self.offloader = Offloader(
+            self.model, self.optimizer, device, a.param_offload, a.optimizer_offload
+        )
+        lora = c.model.lora
+        self.lora_sync = (
+            LoraSync(
+                self.model,
+                adapter_spec(self.model, lora, c.model.path),
+                adapter_directory(self.rank),
+                torch_dtype(self.dtypes.rollout),
+            )
+            if lora.enabled
+            else None
+        )
+        self.update_pass = pass_config(
+            c.model,
+            a.micro_batch_size,
+            a.use_dynamic_bsz,
+            a.ppo_max_token_len_per_gpu,
+            "actor.ppo_max_token_len_per_gpu",
+        )
+        self.log_prob_pass = pass_config(
+            c.model,
+            a.micro_batch_size,
+            a.use_dynamic_bsz,
+            a.log_prob_max_token_len_per_gpu,
+            "actor.log_prob_max_token_len_per_gpu",
+        )
+        self.ref_pass = pass_config(
+            c.model,
+            c.ref.micro_batch_size,
+            c.ref.use_dynamic_bsz,
+            c.ref.log_prob_max_token_len_per_gpu,
+            "ref.log_prob_max_token_len_per_gpu",
+        )
+        self.trainer = PolicyTrainer(
+            self.model, self.optimizer, c.actor, self.update_pass, self.ledger
+        )
+        self._init_rollout()
+        self.offloader.offload_optimizer()
+        self.offloader.offload_params()
+
+    def _init_rollout(self) -> None:
+        """The rollout side of the worker: none here (the colocated worker builds its engine)."""
+
+    def _phase(
+        self, name: str, with_optimizer: bool = False, caller: str | None = None
+    ) -> AbstractContextManager[None]:
+        """Training-side work with the actor on device (`caller`: the method a mode error
+        names, where a mode switch exists)."""
+        return self.offloader.phase(name, self.ledger, with_optimizer)
+
+    def _actor_components(self) -> dict[str, ByDevice]:
+        return {
+            "actor_params": parameter_bytes(self.model),
+            "actor_grads": gradient_bytes(self.model),
+            "optimizer_state": optimizer_state_bytes(self.optimizer),
+        }
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self) -> WorkerFacts:
+        """What this worker resolved at start-up, for the start-up summary and config.json."""
+        return {
+            "parameters": full_parameter_count(self.model),
+            "hardware": self.hardware.description,
+            "actor_dtype": self.dtypes.actor,
+            "ref_dtype": self.dtypes.ref,
+            "rollout_dtype": self.dtypes.rollout,
+            "sync_strategy": "",
+            "weight_layout": "",
+        }
+
+    # --- training ------------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
+        with self._phase("old_log_prob", caller="compute_log_prob"):
+            self.model.eval()
+            scored = score_responses(
+                self.model, batch.to(self.parallel.device), self.log_prob_pass, with_entropy=True
+            )
+            self.ledger.record("old_log_prob/forward")
+        return Batch.from_dict(
+            {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """The reference policy's log-probs with LoRA: the actor with its adapters disabled,
+        i.e. the frozen base model (no second copy of the weights)."""
+        if self.lora_sync is None:
+            raise RuntimeError(
+                "actor_rollout.compute_ref_log_prob serves LoRA runs (the base is the "
+                "reference); without LoRA call the ref worker's compute_ref_log_prob"
+            )
+        with self._phase("ref", caller="compute_ref_log_prob"):
+            self.model.eval()
+            with adapters_disabled(self.model):
+                scored = score_responses(
+                    self.model, batch.to(self.parallel.device), self.ref_pass, with_entropy=False
+                )
+            self.ledger.record("ref/forward")
+        return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        with self._phase("update", with_optimizer=True, caller="update_actor"):
+            return self.trainer.update(batch.to(self.parallel.device))
+
+    # --- state ---------------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_metrics(self) -> dict[str, float]:
+        """This step's timings and memory headline (the whole process: ref included)."""
+        return self.ledger.pop_metrics()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_memory_records(self, step: int) -> list[MemoryRecord]:
+        """The memory ledger's boundaries since the last call, stamped with `step`."""
+        return self.ledger.pop_records(step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_memory_history(self, max_entries: int = 100_000) -> None:
+        """Record every CUDA allocation from now on (torch's memory snapshot history)."""
+        if self.parallel.device.type != "cuda":
+            raise RuntimeError("memory snapshots need CUDA (trainer.use_gpu=true)")
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def dump_memory_history(self, directory: str, step: int) -> str:
+        """Save the recorded history as `<directory>/rank<r>_step<s>.pickle` and stop."""
+        path = Path(directory) / f"rank{self.rank}_step{step}.pickle"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return str(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        with self._phase("save_checkpoint", with_optimizer=True):
+            save_checkpoint(Path(path), self.model, self.optimizer, extra)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        with self._phase("load_checkpoint", with_optimizer=True):
+            return load_checkpoint(Path(path), self.model, self.optimizer)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def export_hf(self, path: str) -> str:
+        """The actor as a Hugging Face model directory at `path` (written by rank 0); with
+        LoRA the adapters merged into the base."""
+        with self._phase("export_hf"):
+            if self.lora_sync is not None:
+                merged = dict(self.lora_sync.iter_merged(layered=True, on_group_done=None))
+                return str(write_hf_model(merged, self.config.model.path, path))
+            return str(export_hf_model(self.model, self.config.model.path, path))
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def export_adapter(self, path: str) -> str:
+        """The LoRA adapter as a peft directory at `path` (PeftModel.from_pretrained and
+        vLLM's LoRARequest load it); written by rank 0."""
+        if self.lora_sync is None:
+            raise RuntimeError("export_adapter needs LoRA (model.lora.rank > 0)")
+        with self._phase("export_adapter"):
+            tensors = self.lora_sync.gather_adapter(layered=True, on_group_done=None)
+            if self.rank == 0:
+                write_adapter(Path(path), tensors, self.lora_sync.spec)
+        return path
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_engine(self) -> None:
+        """Free what must go before the process group ends (LoRA's adapter files here)."""
+        if self.lora_sync is not None:
+            self.lora_sync.remove_files()

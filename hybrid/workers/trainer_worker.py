@@ -1,0 +1,106 @@
+"""TrainerWorker: the split placement's training member, an ActorWorker that publishes its
+weights through a transport instead of loading them into an engine of its own.
+
+Every rank takes part in the gather (the all-gathers are collective); rank 0 alone holds
+the full tensors' destination: it puts them into the object store, writes a checkpoint
+version, or broadcasts them to the explorers, and tells the Synchronizer the version is out.
+The tensors are cast to the engine's dtype on the way, as the colocated sync does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from hybrid.controller import Dispatch, register
+from hybrid.dtypes import torch_dtype
+from hybrid.sharding.gather import iter_full_parameters
+from hybrid.transport.checkpoint import prune_versions, write_version
+from hybrid.transport.collective import BroadcastGroup, free_port
+from hybrid.transport.memory import put_version
+from hybrid.workers.actor import ActorWorker
+
+
+class TrainerWorker(ActorWorker):
+    _broadcast: BroadcastGroup | None = None
+
+    def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        s = self.config.sync
+        return iter_full_parameters(
+            self.model, s.gather, torch_dtype(self.dtypes.rollout), s.bucket_mb << 20
+        )
+
+    def _publish(self, send: Any) -> float:
+        """Run `send(weights)` on rank 0 over the gathered stream (other ranks only gather);
+        the seconds the whole publish took."""
+        started = time.perf_counter()
+        with self._phase("publish"):
+            weights = self._full_weights()
+            if self.rank == 0:
+                send(weights)
+            else:
+                for _ in weights:  # take part in every all-gather
+                    pass
+        return time.perf_counter() - started
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def publish_to_memory(self, version: int, synchronizer: Any) -> float:
+        """Put `version` into Ray's object store, bucket by bucket, and hand the refs to the
+        Synchronizer (the tensors never pass through the driver)."""
+        bucket = self.config.sync.bucket_mb << 20
+
+        def send(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            refs = put_version(weights, bucket)
+            ray.get(synchronizer.publish.remote(version, refs))
+
+        return self._publish(send)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def publish_to_checkpoint(self, version: int, synchronizer: Any) -> float:
+        """Write `version` under sync.checkpoint_dir (atomically), drop versions beyond
+        sync.keep_versions, and tell the Synchronizer where it is."""
+        s = self.config.sync
+        assert s.checkpoint_dir is not None
+        root = Path(s.checkpoint_dir)
+
+        def send(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            path = write_version(root, version, weights, s.bucket_mb << 20)
+            ray.get(synchronizer.publish.remote(version, str(path)))
+            prune_versions(root, s.keep_versions)
+
+        return self._publish(send)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def broadcast_address(self) -> tuple[str, int]:
+        """Where the broadcast group's store will listen (this node, a free port)."""
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0 joins the broadcast group as its sender (rank 0 of world_size)."""
+        if self.rank == 0:
+            self._broadcast = BroadcastGroup(host, port, 0, world_size, timeout_s=timeout_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def publish_to_broadcast(self, version: int, synchronizer: Any) -> float:
+        """Broadcast `version` to every explorer rank (they must be receiving), then record
+        it with the Synchronizer."""
+
+        def send(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            assert self._broadcast is not None, "join_broadcast first"
+            self._broadcast.send(weights, self.config.sync.bucket_mb << 20)
+            ray.get(synchronizer.publish.remote(version, None))
+
+        return self._publish(send)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_engine(self) -> None:
+        if self._broadcast is not None:
+            self._broadcast.close()
+        super().shutdown_engine()
