@@ -12,6 +12,7 @@ waiter, and the run ends with the first error, which names the side.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -197,6 +198,9 @@ class SplitTrainer(GRPOTrainer):
             ray.get(self.buffer.close.remote(reason))
             raise
         self.explorer_loop.join(timeout=c.sync.timeout_s)
+        if self.sides.digests:
+            path = Path(c.trainer.output_dir) / "engine_digests.json"
+            path.write_text(json.dumps(self.sides.digests, indent=1))
         ray.get(self.synchronizer.set_state.remote("trainer", "stopped", self.step, "finished"))
         return metrics
 

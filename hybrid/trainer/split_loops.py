@@ -67,6 +67,7 @@ class WeightChannel:
     ) -> None:
         self.method = sync.method
         self.timeout_s = sync.timeout_s
+        self.verify = sync.verify_checksum
         self.synchronizer = synchronizer
         self.trainer = trainer
         self.explorers = explorers
@@ -119,6 +120,10 @@ class SyncSides:
         self.timeout_s = channel.timeout_s
         self.times = SyncTimes()
         self.explorer_version = -1
+        self.verify = channel.verify
+        self.digests: dict[int, str] = {}
+        """With sync.verify_checksum: per loaded version, the digest of the engine's readable
+        tensors (the same for every transport and every explorer rank)."""
 
     def _set(self, side: str, state: SyncState, version: int | None = None, note: str = "") -> None:
         ray.get(self.sync.set_state.remote(side, state, version, note))
@@ -225,6 +230,11 @@ class SyncSides:
         self._set("explorer", SyncState.STOPPED, self.explorer_version, note="finished")
 
     def _loaded(self, version: int, load_s: float) -> None:
+        if self.verify:
+            digests = {d["digest"] for d in self.channel.explorers.weights_digest()}
+            if len(digests) != 1:
+                raise RuntimeError(f"explorer ranks hold different weights for version {version}")
+            self.digests[version] = digests.pop()
         self.times.load_s += load_s
         self.times.syncs += 1
         self.explorer_version = version

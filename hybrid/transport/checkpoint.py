@@ -98,29 +98,8 @@ def read_version(path: str | Path, verify: bool = True) -> Iterator[tuple[str, t
     that does not match.
     """
     path = Path(path)
-    manifest = read_manifest(path)
-    version = manifest["version"]
-    handle: Any = None
-    open_file: str | None = None
-    for entry in manifest["tensors"]:
-        file = path / entry["file"]
-        if entry["file"] != open_file:
-            handle, open_file = _open_shard(file), entry["file"]
-        where = f"version {version}, {file}"
-        try:
-            tensor = handle.get_tensor(entry["name"])
-        except (SafetensorError, OSError) as e:
-            raise TransportError(f"cannot read tensor {entry['name']!r} from {file}: {e}") from e
-        if list(tensor.shape) != entry["shape"] or dtype_name(tensor.dtype) != entry["dtype"]:
-            raise TransportError(
-                f"tensor {entry['name']!r} in {file} is {dtype_name(tensor.dtype)} "
-                f"{list(tensor.shape)}, the manifest says {entry['dtype']} {entry['shape']}"
-            )
-        if verify:
-            actual = tensor_digest(tensor)
-            if actual != entry["checksum"]:
-                raise TransportChecksumError(entry["name"], entry["checksum"], actual, where)
-        yield entry["name"], tensor
+    # Read the manifest now, so that a missing version fails at the call, not at iteration.
+    return _stream_tensors(path, read_manifest(path), verify)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -171,6 +150,33 @@ def remove_stale_temps(root: str | Path) -> list[Path]:
     for path in stale:
         shutil.rmtree(path)
     return stale
+
+
+def _stream_tensors(
+    path: Path, manifest: dict[str, Any], verify: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    version = manifest["version"]
+    handle: Any = None
+    open_file: str | None = None
+    for entry in manifest["tensors"]:
+        file = path / entry["file"]
+        if entry["file"] != open_file:
+            handle, open_file = _open_shard(file), entry["file"]
+        where = f"version {version}, {file}"
+        try:
+            tensor = handle.get_tensor(entry["name"])
+        except (SafetensorError, OSError) as e:
+            raise TransportError(f"cannot read tensor {entry['name']!r} from {file}: {e}") from e
+        if list(tensor.shape) != entry["shape"] or dtype_name(tensor.dtype) != entry["dtype"]:
+            raise TransportError(
+                f"tensor {entry['name']!r} in {file} is {dtype_name(tensor.dtype)} "
+                f"{list(tensor.shape)}, the manifest says {entry['dtype']} {entry['shape']}"
+            )
+        if verify:
+            actual = tensor_digest(tensor)
+            if actual != entry["checksum"]:
+                raise TransportChecksumError(entry["name"], entry["checksum"], actual, where)
+        yield entry["name"], tensor
 
 
 def _write_files(tmp: Path, version: int, weights: Weights, bucket_bytes: int) -> dict[str, Any]:

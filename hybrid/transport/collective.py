@@ -103,16 +103,17 @@ class BroadcastGroup:
 
         Raises `TransportError` if nothing arrives within the group's timeout or the sender
         dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest.
+        Consume it to the end: a receiver that stops early leaves the sender waiting until its
+        timeout, and the group out of step.
         """
         if self.rank == 0:
             raise RuntimeError(f"{self}: rank 0 sends, it cannot receive")
         for index in itertools.count():
-            lengths = self._broadcast(torch.empty(2, dtype=torch.int64)).tolist()
-            header_len, bucket_len = lengths
+            header_len, bucket_len = self._receive_buffer(2, torch.int64).tolist()
             if header_len == 0:
                 return
-            header = self._broadcast(torch.empty(header_len, dtype=torch.uint8))
-            flat = self._broadcast(torch.empty(bucket_len, dtype=torch.uint8))
+            header = self._receive_buffer(header_len, torch.uint8)
+            flat = self._receive_buffer(bucket_len, torch.uint8)
             metas = [_meta_from_json(m) for m in json.loads(header.numpy().tobytes())]
             source = f"broadcast from {self.host}:{self.port}, bucket {index + 1}"
             yield from unpack_bucket(flat, metas, verify, source=source)
@@ -145,20 +146,24 @@ class BroadcastGroup:
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address(self.host))]
         return dist.ProcessGroupGloo(store, self.rank, self.world_size, options)
 
-    def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Broadcast `tensor` from rank 0 in place; return it, on the CPU."""
+    def _receive_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """The next message from rank 0, on the CPU."""
+        buffer = torch.empty(numel, dtype=dtype, device=self.device)
+        self._broadcast(buffer)
+        return buffer.cpu()
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast `tensor` from rank 0 (a CPU tensor is copied to the device first)."""
         if self._pg is None:
             raise TransportError(f"{self} is closed")
         options = dist.BroadcastOptions()
         options.rootRank = 0
         options.rootTensor = 0
         options.timeout = timedelta(seconds=self.timeout_s)
-        on_device = tensor.to(self.device)
         try:
-            self._pg.broadcast([on_device], options).wait()
+            self._pg.broadcast([tensor.to(self.device)], options).wait()
         except RuntimeError as e:
             raise TransportError(f"{self}: broadcast failed (peer dead or timed out): {e}") from e
-        return on_device.cpu()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

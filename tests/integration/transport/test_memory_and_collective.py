@@ -89,16 +89,16 @@ class Peer:
                 return group.send(mixed_weights(), BUCKET_BYTES)
             return list(group.receive())
 
-    def join_and_stay_silent(self, port: int) -> None:
-        self.idle_group = BroadcastGroup(HOST, port, 0, 2, timeout_s=TIMEOUT_S)
+    def join_and_stay_silent(self, port: int, timeout_s: float) -> None:
+        self.idle_group = BroadcastGroup(HOST, port, 0, 2, timeout_s=timeout_s)
 
     def leave(self) -> None:
         if self.idle_group is not None:
             self.idle_group.close()
             self.idle_group = None
 
-    def receive_until_timeout(self, port: int) -> tuple[str, float]:
-        with BroadcastGroup(HOST, port, 1, 2, timeout_s=TIMEOUT_S) as group:
+    def receive_until_error(self, port: int, timeout_s: float) -> tuple[str, float]:
+        with BroadcastGroup(HOST, port, 1, 2, timeout_s=timeout_s) as group:
             start = time.monotonic()
             try:
                 list(group.receive())
@@ -138,13 +138,26 @@ def test_broadcast_delivers_identical_tensors_beside_the_default_group(peers: li
 def test_a_receiver_whose_sender_never_sends_times_out(peers: list[Any]) -> None:
     sender, receiver, _ = peers
     port = free_port(HOST)
-    joined = sender.join_and_stay_silent.remote(port)
-    message, waited = ray.get(receiver.receive_until_timeout.remote(port))
+    joined = sender.join_and_stay_silent.remote(port, TIMEOUT_S)
+    message, waited = ray.get(receiver.receive_until_error.remote(port, TIMEOUT_S))
     ray.get(joined)
     ray.get(sender.leave.remote())
     assert TIMEOUT_S - 1 < waited < TIMEOUT_S + 10
-    assert re.search(rf"rank 1/2, {HOST}:{port}", message), message
+    assert re.search(rf"rank 1/2, {HOST}:{port}.*[Tt]imed out", message), message
     assert ray.get(receiver.default_group_works.remote())
+
+
+def test_a_receiver_whose_sender_dies_fails_fast(peers: list[Any]) -> None:
+    doomed = Peer.remote(free_port(HOST))  # type: ignore[attr-defined]
+    receiver = peers[1]
+    port = free_port(HOST)
+    joined = doomed.join_and_stay_silent.remote(port, 60)
+    receiving = receiver.receive_until_error.remote(port, 60)
+    ray.get(joined)
+    ray.kill(doomed)
+    message, waited = ray.get(receiving)
+    assert waited < 20, "the death should be seen long before the 60 s timeout"
+    assert re.search(rf"rank 1/2, {HOST}:{port}.*broadcast failed", message), message
 
 
 def test_a_receiver_without_a_sender_fails_to_join() -> None:

@@ -1,0 +1,158 @@
+"""trainer.placement=split end to end: explorer and trainer workers, the three weight
+transports, both sync styles, the seed's state machine read back from sync_timeline.jsonl.
+
+Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
+trainer worker on the tiny demo model. The engine starts from vLLM's dummy (random) weights,
+so a transport that moves nothing fails the log-prob check of step 1. The default run covers
+every transport and every style once; `make test-full` runs the whole matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid.synchronizer.states import Transition, check_timeline
+from tests.integration.trainer.helpers import child_env, read_metrics, write_assets
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+LOGPROB_DIFF_MAX = 0.05  # bf16 noise; fp32 engines measured 0
+STEPS = 3
+# (method, style, offset) cells beyond the on-policy run of each transport: the default run
+# adds one per style (dynamic, and fixed one-step-off); the rest are `full`.
+DEFAULT_CELLS = [("checkpoint", "dynamic_by_explorer", 0), ("memory", "fixed", 1)]
+FULL_CELLS = [
+    ("nccl", "dynamic_by_explorer", 0),
+    ("memory", "dynamic_by_explorer", 0),
+    ("nccl", "fixed", 1),
+    ("checkpoint", "fixed", 1),
+]
+TRANSPORTS = ("memory", "checkpoint", "nccl")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("split"))
+
+
+def split_args(assets: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        f"model.path={assets / 'model'}",
+        f"data.train_files=[{assets / 'train.jsonl'}]",
+        "data.val_files=[]",
+        f"trainer.output_dir={out}",
+        "data.train_batch_size=4",
+        "algorithm.ppo_mini_batch_size=4",
+        "rollout.n=4",
+        "actor.micro_batch_size=8",
+        "actor.lr=1e-3",
+        "actor.use_kl_loss=true",
+        "trainer.loggers=[jsonl]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "trainer.export_hf=false",
+        f"trainer.total_steps={STEPS}",
+        "trainer.placement=split",
+        "sync.timeout_s=60",
+        "sync.verify_checksum=true",
+        f"sync.checkpoint_dir={out / 'weights'}",
+        *extra,
+    ]
+
+
+def run_split(assets: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid.main", *split_args(assets, out, *extra)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
+
+
+def timeline(out: Path) -> list[Transition]:
+    lines = (out / "sync_timeline.jsonl").read_text().splitlines()
+    return [Transition.from_json(json.loads(line)) for line in lines]
+
+
+def check_run(out: Path, method: str, style: str, offset: int) -> list[dict]:
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    # Step 1 trains on samples of version 0, which the transport had to bring.
+    assert metrics[0]["rollout/fresh_tokens"] > 0
+    for m in metrics:
+        if m["rollout/fresh_tokens"]:
+            assert m["rollout/logprob_diff_max"] < LOGPROB_DIFF_MAX, m["step"]
+        bound = offset if style == "fixed" else 1  # sync.max_staleness defaults to 1
+        assert m["sync/version_lag_max"] <= bound, m
+    events = timeline(out)
+    check_timeline(method, events)  # every move is one of the seed's for this transport
+    sides = {e.side for e in events}
+    assert sides == {"trainer", "explorer"}
+    explorer_moves = [(e.old.value, e.new.value) for e in events if e.side == "explorer"]
+    if method == "nccl":
+        assert ("require_sync", "waiting_sync") in explorer_moves
+        assert any(e.side == "trainer" and e.new.value == "waiting_sync" for e in events)
+    else:
+        assert ("running", "require_sync") in explorer_moves
+        assert not any(e.side == "trainer" and e.new.value == "waiting_sync" for e in events)
+    return metrics
+
+
+def run_cell(assets: Path, out: Path, method: str, style: str, offset: int) -> list[dict]:
+    run_split(assets, out, f"sync.method={method}", f"sync.style={style}", f"sync.offset={offset}")
+    metrics = check_run(out, method, style, offset)
+    if method == "checkpoint":
+        kept = sorted(p.name for p in (out / "weights").iterdir())
+        assert kept == ["v1", "v2"]  # sync.keep_versions=2: v0 dropped
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def on_policy_runs(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fixed, interval 1, offset 0 over each transport, same seed."""
+    root = tmp_path_factory.mktemp("on_policy")
+    for method in TRANSPORTS:
+        run_cell(assets, root / method, method, "fixed", 0)
+    return {method: root / method for method in TRANSPORTS}
+
+
+@pytest.mark.parametrize("method", TRANSPORTS)
+def test_on_policy_means_every_consumed_token_has_lag_zero(
+    on_policy_runs: dict[str, Path], method: str
+) -> None:
+    metrics = read_metrics(on_policy_runs[method])
+    assert all(m["sync/version_lag_max"] == 0 for m in metrics)
+    # ... so every token is checked: the engine's log-probs are the trainer's.
+    assert all(m["rollout/fresh_tokens"] > 0 for m in metrics)
+
+
+def test_three_transports_give_identical_engine_weights(on_policy_runs: dict[str, Path]) -> None:
+    """Versions 0..2 are the same bytes in the engine whichever way they travelled."""
+    digests = {
+        method: json.loads((out / "engine_digests.json").read_text())
+        for method, out in on_policy_runs.items()
+    }
+    assert sorted(digests["memory"]) == ["0", "1", "2"]
+    assert digests["memory"] == digests["checkpoint"] == digests["nccl"]
+    assert len(set(digests["memory"].values())) == 3  # and the weights did change
+
+
+@pytest.mark.parametrize(("method", "style", "offset"), DEFAULT_CELLS)
+def test_split_cell(assets: Path, tmp_path: Path, method: str, style: str, offset: int) -> None:
+    run_cell(assets, tmp_path / "run", method, style, offset)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize(("method", "style", "offset"), FULL_CELLS)
+def test_split_cell_full(
+    assets: Path, tmp_path: Path, method: str, style: str, offset: int
+) -> None:
+    run_cell(assets, tmp_path / "run", method, style, offset)
