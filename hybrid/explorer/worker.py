@@ -10,6 +10,8 @@ of the trainer group's.
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +34,8 @@ from hybrid.transport.memory import get_version
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
 from hybrid.workers.sequences import unpad_prompts
+
+logger = logging.getLogger(__name__)
 
 _PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
 
@@ -90,6 +94,7 @@ class ExplorerWorker(Worker):
         self.engine = VllmEngine(c.model.path, c.rollout, self.parallel.device, self.dtypes.rollout)
         self.loader = WeightLoader(self.engine, c.sync.strategy)
         self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
+        logger.info("explorer rank %d ready (pid %d)", self.rank, os.getpid())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self) -> dict[str, str]:

@@ -28,6 +28,7 @@ from hybrid.controller import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
+    WorkerDiedError,
     create_colocated_worker_cls,
     ensure_ray,
 )
@@ -46,6 +47,8 @@ from hybrid.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
 
+DEATH_GRACE_S = 10.0
+"""How long a failed trainer loop waits for the explorer loop to report a worker death."""
 POLL_S = 0.5
 """How often the trainer, waiting for data, looks at sync requests and the explorer loop."""
 
@@ -116,7 +119,8 @@ class SplitTrainer(GRPOTrainer):
         )
         cls = create_colocated_worker_cls(
             {
-                "actor": RayClassWithInitArgs(TrainerWorker, worker_config),
+                # "trainer": the name errors from this member carry (trainer.<method> failed).
+                "trainer": RayClassWithInitArgs(TrainerWorker, worker_config),
                 "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
             }
         )
@@ -126,8 +130,8 @@ class SplitTrainer(GRPOTrainer):
             ray_address=t.ray_address,
             log_dir=None if log_dir is None else Path(log_dir) / "trainer",
         )
-        views = self.group.spawn(prefix_set={"actor", "ref"})
-        self.actor, self.ref = views["actor"], views["ref"]
+        views = self.group.spawn(prefix_set={"trainer", "ref"})
+        self.actor, self.ref = views["trainer"], views["ref"]
         self.reference = self.ref
         engines = self.explorers.init_engine.submit()
         self.actor.init_model()
@@ -196,6 +200,9 @@ class SplitTrainer(GRPOTrainer):
             reason = f"trainer loop failed: {type(error).__name__}: {error}"
             ray.get(self.synchronizer.stop.remote("trainer", reason))
             ray.get(self.buffer.close.remote(reason))
+            cause = self.root_cause(error)
+            if cause is not error:
+                raise cause from error
             raise
         self.explorer_loop.join(timeout=c.sync.timeout_s)
         if self.sides.digests:
@@ -203,6 +210,15 @@ class SplitTrainer(GRPOTrainer):
             path.write_text(json.dumps(self.sides.digests, indent=1))
         ray.get(self.synchronizer.set_state.remote("trainer", "stopped", self.step, "finished"))
         return metrics
+
+    def root_cause(self, error: BaseException) -> BaseException:
+        """A dead explorer makes the trainer's next sync or take fail too (a closed
+        connection, a closed buffer): report the death, which names the explorer, instead."""
+        if isinstance(error, WorkerDiedError):
+            return error
+        self.explorer_loop.join(timeout=DEATH_GRACE_S)
+        died = self.explorer_loop.error
+        return died if isinstance(died, WorkerDiedError) else error
 
     def take_batch(self) -> list[Any]:
         """The next train batch of whole groups; answers sync requests while it waits."""

@@ -9,6 +9,8 @@ The tensors are cast to the engine's dtype on the way, as the colocated sync doe
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +27,14 @@ from hybrid.transport.collective import BroadcastGroup, free_port
 from hybrid.transport.memory import put_version
 from hybrid.workers.actor import ActorWorker
 
+logger = logging.getLogger(__name__)
+
 
 class TrainerWorker(ActorWorker):
     _broadcast: BroadcastGroup | None = None
+
+    def _init_rollout(self) -> None:
+        logger.info("trainer rank %d ready (pid %d)", self.rank, os.getpid())
 
     def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         s = self.config.sync

@@ -21,7 +21,47 @@ FORBIDDEN = {
     "algorithms": {"workers", "trainer", "sharding", "rollout", "controller", "rewards"},
     "data": {"workers", "trainer", "sharding", "rollout", "controller", "rewards", "algorithms"},
     "rewards": {"workers", "trainer", "sharding", "rollout", "controller", "algorithms"},
-    "workers": {"trainer"},
+    "workers": {"trainer", "explorer", "synchronizer", "buffer"},
+    # The decoupled modes' seams (DESIGN.md, "Decoupled modes").
+    "transport": {
+        "workers",
+        "trainer",
+        "controller",
+        "sharding",
+        "rollout",
+        "models",
+        "explorer",
+        "synchronizer",
+        "buffer",
+        "data",
+        "memory",
+    },
+    "synchronizer": {
+        "workers",
+        "trainer",
+        "controller",
+        "sharding",
+        "rollout",
+        "models",
+        "explorer",
+        "transport",
+        "buffer",
+        "data",
+        "memory",
+    },
+    "buffer": {
+        "workers",
+        "trainer",
+        "controller",
+        "sharding",
+        "rollout",
+        "models",
+        "explorer",
+        "transport",
+        "synchronizer",
+        "memory",
+    },
+    "explorer": {"trainer", "synchronizer"},
 }
 # Only these may import the trainer (the entry point; the memory planner reads its config
 # type for annotations only).
@@ -73,3 +113,4 @@ def test_the_rules_see_real_imports() -> None:
     # A check that reads nothing passes vacuously: the sync does import the engine.
     assert "rollout" in imported_layers(PACKAGE / "sharding" / "loader.py")
     assert "sharding" in imported_layers(PACKAGE / "workers" / "actor_rollout.py")
+    assert "transport" in imported_layers(PACKAGE / "explorer" / "worker.py")

@@ -10,8 +10,12 @@ every transport and every style once; `make test-full` runs the whole matrix.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +160,48 @@ def test_split_cell_full(
     assets: Path, tmp_path: Path, method: str, style: str, offset: int
 ) -> None:
     run_cell(assets, tmp_path / "run", method, style, offset)
+
+
+def worker_pid(log: Path, side: str, deadline_s: float = 240) -> int:
+    """The pid a split worker logs when it is ready (logs/<side>/worker_0.log)."""
+    pattern = re.compile(rf"{side} rank 0 ready \(pid (\d+)\)")
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if log.is_file() and (found := pattern.search(log.read_text(errors="replace"))):
+            return int(found.group(1))
+        time.sleep(0.5)
+    raise AssertionError(f"no '{side} rank 0 ready' line in {log}")
+
+
+@pytest.mark.parametrize("side", ["explorer", "trainer"])
+def test_a_killed_worker_ends_the_run_naming_its_side(
+    assets: Path, tmp_path: Path, side: str
+) -> None:
+    out = tmp_path / side
+    child = subprocess.Popen(
+        [sys.executable, "-m", "hybrid.main", *split_args(assets, out, "trainer.total_steps=500")],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid = worker_pid(out / "logs" / side / "worker_0.log", side)
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert child.poll() is None, child.communicate()[1][-5000:]
+            assert time.monotonic() < deadline, "the run did not reach step 2"
+            time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = child.communicate(timeout=90)
+        elapsed = time.monotonic() - killed
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode != 0
+    assert elapsed < 60, elapsed
+    tail = stderr[-5000:]
+    named = {"explorer": "ExplorerWorker.", "trainer": "trainer."}[side]  # member.method failed
+    assert "WorkerDiedError" in tail and named in tail, tail

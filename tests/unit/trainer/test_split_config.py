@@ -1,0 +1,58 @@
+"""trainer.placement=split: bad input fails when the config is built, before any worker
+starts, naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.trainer.config import TrainerRunConfig
+from tests.unit.trainer.test_config_reachable import compose_config, to_typed
+
+pytestmark = pytest.mark.unit
+
+
+def split_config(*overrides: str) -> TrainerRunConfig:
+    return to_typed(compose_config("config", ("trainer.placement=split", *overrides)))
+
+
+def test_the_default_split_config_builds() -> None:
+    config = split_config()
+    assert config.trainer.split and config.trainer.training_workers == 1
+    # Rows per trainer worker come from the trainer group alone.
+    assert (
+        config.mini_batch_rows_per_worker == config.algorithm.ppo_mini_batch_size * config.rollout.n
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.num_explorer_workers=0", r"trainer\.num_explorer_workers must be > 0"),
+        ("trainer.num_trainer_workers=0", r"trainer\.num_trainer_workers must be > 0"),
+        (
+            "sync.method=carrier_pigeon",
+            r"sync\.method must be one of \['nccl', 'memory', 'checkpoint'\]",
+        ),
+        ("sync.style=sometimes", r"sync\.style must be one of \['fixed', 'dynamic_by_explorer'\]"),
+        ("sync.interval=0", r"sync\.interval must be > 0"),
+        ("sync.offset=-1", r"sync\.offset must be >= 0"),
+        ("sync.method=checkpoint", r"sync\.checkpoint_dir must be set"),
+        ("sync.offset=2", r"sync\.max_staleness"),
+        ("trainer.placement=elsewhere", r"trainer\.placement must be one of"),
+    ],
+)
+def test_bad_split_input_names_the_field(override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        split_config(override)
+
+
+def test_checkpoint_method_with_a_directory_builds(tmp_path: Path) -> None:
+    config = split_config("sync.method=checkpoint", f"sync.checkpoint_dir={tmp_path}")
+    assert config.sync.checkpoint_dir == str(tmp_path)
+
+
+def test_the_trainer_group_size_sets_the_divisibility_rule() -> None:
+    with pytest.raises(ValueError, match=r"divisible by trainer\.num_trainer_workers \(3\)"):
+        split_config("trainer.num_trainer_workers=3")
