@@ -144,6 +144,11 @@ class SplitTrainer(GRPOTrainer):
         print_startup_summary(c, self.worker_facts, log_dir)
         self.write_resolved_config()
         out = Path(t.output_dir)
+        placement = {
+            "explorer": [str(node) for node in self.explorers.rank_nodes],
+            "trainer": [str(node) for node in self.group.rank_nodes],
+        }
+        (out / "placement.json").write_text(json.dumps(placement, indent=1))
         self.synchronizer = SynchronizerActor.remote(
             c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
         )
@@ -186,7 +191,11 @@ class SplitTrainer(GRPOTrainer):
                 self.step += 1
                 metrics = self.train_step()
                 self.reward_history.append(metrics["reward/mean"])
-                if self.val_data is not None and c.trainer.test_freq and self.step % c.trainer.test_freq == 0:
+                if (
+                    self.val_data is not None
+                    and c.trainer.test_freq
+                    and self.step % c.trainer.test_freq == 0
+                ):
                     metrics.update(self.validate())
                 sinks.log(self.step, metrics)
                 if self.step == c.trainer.total_steps or (
@@ -243,7 +252,10 @@ class SplitTrainer(GRPOTrainer):
         started = time.perf_counter()
         samples = self.take_batch()
         rollout = samples_to_batch(
-            samples, c.rollout.response_length, self.train_data.pad_token_id, c.data.max_prompt_length
+            samples,
+            c.rollout.response_length,
+            self.train_data.pad_token_id,
+            c.data.max_prompt_length,
         )
         trained_on = self.step - 1  # the version the actor holds now
         mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]

@@ -171,6 +171,7 @@ def test_three_steps_on_two_nodes_match_one_node_and_resume_on_one(
             assert after[2][key] == pytest.approx(value, abs=LOSS_TOL), key
 
 
+@pytest.mark.full  # LoRA's adapter syncs run by default in test_lora_grpo.py
 def test_lora_on_two_nodes_syncs_adapters_only(
     two_nodes: tuple[str, list[str]], assets: Path, tmp_path: Path
 ) -> None:

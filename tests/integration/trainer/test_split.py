@@ -22,6 +22,7 @@ import pytest
 
 from hybrid.synchronizer.states import Transition, check_timeline
 from tests.integration.trainer.helpers import child_env, read_metrics, write_assets
+from tests.integration.trainer.test_multi_node import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -110,8 +111,12 @@ def check_run(out: Path, method: str, style: str, offset: int) -> list[dict]:
     return metrics
 
 
-def run_cell(assets: Path, out: Path, method: str, style: str, offset: int) -> list[dict]:
-    run_split(assets, out, f"sync.method={method}", f"sync.style={style}", f"sync.offset={offset}")
+def run_cell(
+    assets: Path, out: Path, method: str, style: str, offset: int, *extra: str
+) -> list[dict]:
+    run_split(
+        assets, out, f"sync.method={method}", f"sync.style={style}", f"sync.offset={offset}", *extra
+    )
     metrics = check_run(out, method, style, offset)
     if method == "checkpoint":
         kept = sorted(p.name for p in (out / "weights").iterdir())
@@ -121,9 +126,21 @@ def run_cell(assets: Path, out: Path, method: str, style: str, offset: int) -> l
 
 @pytest.fixture(scope="module")
 def on_policy_runs(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """fixed, interval 1, offset 0 over each transport, same seed."""
+    """fixed, interval 1, offset 0 over each transport, same seed. The memory run goes
+    across a two-node Ray cluster (one CPU per node: explorer and trainer on different
+    nodes); the other two on one node (both across nodes: test_split_nodes.py, full)."""
     root = tmp_path_factory.mktemp("on_policy")
-    for method in TRANSPORTS:
+    cluster, _ = start_cluster()
+    try:
+        run_cell(
+            assets, root / "memory", "memory", "fixed", 0, f"trainer.ray_address={cluster.address}"
+        )
+    finally:
+        cluster.shutdown()
+    placement = json.loads((root / "memory" / "placement.json").read_text())
+    assert len(placement["explorer"]) == len(placement["trainer"]) == 1
+    assert placement["explorer"] != placement["trainer"], placement
+    for method in ("checkpoint", "nccl"):
         run_cell(assets, root / method, method, "fixed", 0)
     return {method: root / method for method in TRANSPORTS}
 
@@ -173,7 +190,7 @@ def worker_pid(log: Path, side: str, deadline_s: float = 240) -> int:
     raise AssertionError(f"no '{side} rank 0 ready' line in {log}")
 
 
-@pytest.mark.parametrize("side", ["explorer", "trainer"])
+@pytest.mark.parametrize("side", ["explorer", pytest.param("trainer", marks=pytest.mark.full)])
 def test_a_killed_worker_ends_the_run_naming_its_side(
     assets: Path, tmp_path: Path, side: str
 ) -> None:
