@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hybrid.controller.worker_dict import OnceFilter
-from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.config import TrainerRunConfig, sync_policy
 
 MAX_COLUMNS = 100
 """No console line of ours is wider (a compact metrics line drops fields to fit)."""
@@ -148,7 +148,11 @@ def startup_summary(
     model += f", LoRA rank {c.model.lora.rank})" if c.model.lora.enabled else ")"
     device = "GPU" if c.trainer.use_gpu else "CPU"
     where = f"Ray at {ray_address}" if ray_address else "local Ray"
-    workers = f"{c.trainer.num_workers} on {device}, {where}"
+    t, s = c.trainer, c.sync
+    count = t.num_explorer_workers + t.num_trainer_workers if t.split else t.num_workers
+    workers = f"{count} on {device}, {where}"
+    if t.split:
+        workers += f", split: {t.num_explorer_workers} explorer + {t.num_trainer_workers} trainer"
     if c.trainer.nnodes > 1:
         workers += f", {c.trainer.nnodes} nodes x {c.trainer.workers_per_node}"
     if c.actor.hsdp_replicas > 1:
@@ -170,6 +174,15 @@ def startup_summary(
             f"gather {c.sync.gather}",
         ),
         (
+            (
+                "schedule",
+                f"sync.method {s.method}, style {s.style} (interval {s.interval}, offset "
+                f"{s.offset}), lag <= {sync_policy(s).lag_bound()} versions",
+            )
+            if t.split
+            else None
+        ),
+        (
             "run",
             f"{c.trainer.total_steps} steps x {c.data.train_batch_size} prompts x "
             f"{c.rollout.n} samples",
@@ -181,9 +194,7 @@ def startup_summary(
             else None
         ),
     ]
-    title = (
-        f"hybrid: {c.algorithm.adv_estimator.upper()} with {c.trainer.num_workers} {device} workers"
-    )
+    title = f"hybrid: {c.algorithm.adv_estimator.upper()} with {count} {device} workers"
     return [title] + [f"  {name:<9} {value}" for name, value in filter(None, rows)]
 
 

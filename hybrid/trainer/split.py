@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 DEATH_GRACE_S = 10.0
 """How long a failed trainer loop waits for the explorer loop to report a worker death."""
+PROBE_ROWS_PER_EXPLORER = 2
 POLL_S = 0.5
 """How often the trainer, waiting for data, looks at sync requests and the explorer loop."""
 
@@ -280,6 +281,14 @@ class SplitTrainer(GRPOTrainer):
         if ref_future is not None:
             rollout = rollout.union(ref_future.get())
         rollout = rollout.union(old_future.get())
+        # A few of these rows, scored under the version the actor holds, check the
+        # explorer's copy of that version before it moves on (SyncSides._probe).
+        probe_rows = min(len(rollout), PROBE_ROWS_PER_EXPLORER * c.trainer.num_explorer_workers)
+        self.sides.probes[trained_on] = rollout.select(
+            ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs"]
+        )[:probe_rows]
+        for stale in [v for v in self.sides.probes if v < trained_on - self.policy.lag_bound() - 1]:
+            self.sides.probes.pop(stale, None)  # versions the explorer skipped
         scoring_s = time.perf_counter() - t0
         order = balanced_order(rollout["attention_mask"].sum(-1), c.trainer.num_trainer_workers)
         t0 = time.perf_counter()

@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from hybrid.controller import RayWorkerGroup, WorkerGroupView
+from hybrid.data import Batch
 from hybrid.sharding.config import SyncConfig
 from hybrid.synchronizer.policy import SyncPolicy
 from hybrid.synchronizer.states import SyncState
@@ -41,7 +42,7 @@ class SyncTimes:
     load_s: float = 0.0
     explorer_wait_s: float = 0.0
     syncs: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
+    probe_diffs: list[float] = field(default_factory=list)
 
     def drain(self) -> dict[str, float]:
         out = {
@@ -49,9 +50,12 @@ class SyncTimes:
             "timing_s/explorer_load": self.load_s,
             "timing_s/explorer_wait": self.explorer_wait_s,
             "sync/explorer_syncs": float(self.syncs),
+            "sync/probes": float(len(self.probe_diffs)),
+            "sync/probe_logprob_diff_max": max(self.probe_diffs, default=0.0),
         }
         self.publish_s = self.load_s = self.explorer_wait_s = 0.0
         self.syncs = 0
+        self.probe_diffs = []
         return out
 
 
@@ -121,6 +125,10 @@ class SyncSides:
         self.times = SyncTimes()
         self.explorer_version = -1
         self.verify = channel.verify
+        self.probes: dict[int, Batch] = {}
+        """Per weight version, a few trained rows with the trainer's log-probs under it: the
+        explorer scores them before it leaves that version (the sync check of every version,
+        also where no sample is trained at lag 0)."""
         self.digests: dict[int, str] = {}
         """With sync.verify_checksum: per loaded version, the digest of the engine's readable
         tensors (the same for every transport and every explorer rank)."""
@@ -205,6 +213,7 @@ class SyncSides:
                 self._give_up(step, required, must)
                 return
             version = int(ray.get(self.sync.version.remote("trainer")))
+            self._probe(held)
             self._set("explorer", WAITING, held)
             self._loaded(version, self.channel.load(version))
             return
@@ -223,11 +232,22 @@ class SyncSides:
                 self._give_up(step, required, must)
                 return
             newest = int(got)
+        self._probe(held)
         self._loaded(newest, self.channel.load(newest))
 
     def explorer_finished(self) -> None:
         """The explorer's last step is done: no sync can be used any more."""
         self._set("explorer", SyncState.STOPPED, self.explorer_version, note="finished")
+
+    def _probe(self, version: int) -> None:
+        """Score the probe of the version the engine holds, if the trainer has made one."""
+        probe = self.probes.pop(version, None)
+        if probe is None:
+            return
+        engine = self.channel.explorers.compute_engine_log_prob(probe)
+        mask = probe.tensors["response_mask"].bool()
+        diff = (engine.tensors["engine_log_probs"] - probe.tensors["old_log_probs"]).abs()[mask]
+        self.times.probe_diffs.append(float(diff.max()) if diff.numel() else 0.0)
 
     def _loaded(self, version: int, load_s: float) -> None:
         if self.verify:

@@ -97,6 +97,9 @@ def check_run(out: Path, method: str, style: str, offset: int) -> list[dict]:
             assert m["rollout/logprob_diff_max"] < LOGPROB_DIFF_MAX, m["step"]
         bound = offset if style == "fixed" else 1  # sync.max_staleness defaults to 1
         assert m["sync/version_lag_max"] <= bound, m
+    # Every version the explorer left was checked against the trainer's log-probs under it.
+    assert sum(m["sync/probes"] for m in metrics) >= 1
+    assert all(m["sync/probe_logprob_diff_max"] < LOGPROB_DIFF_MAX for m in metrics)
     events = timeline(out)
     check_timeline(method, events)  # every move is one of the seed's for this transport
     sides = {e.side for e in events}

@@ -204,3 +204,21 @@ def test_quiet_logging_keeps_libraries_in_the_file_and_warnings_once(
         handler.flush()
     written = (tmp_path / "logs" / "driver.log").read_text()
     assert "library chatter" in written and written.count("a fallback was taken") == 3
+
+
+def test_the_split_summary_names_both_groups_and_the_schedule() -> None:
+    from tests.unit.trainer.test_split_config import split_config
+
+    facts = {
+        "parameters": 10,
+        "hardware": "CPU",
+        "actor_dtype": "float32",
+        "ref_dtype": "float32",
+        "rollout_dtype": "float32",
+        "sync_strategy": "reload",
+        "weight_layout": "packed",
+    }
+    lines = startup_summary(split_config("sync.offset=1", "sync.method=memory"), facts, None)
+    text = "\n".join(lines)
+    assert "split: 1 explorer + 1 trainer" in text
+    assert "sync.method memory, style fixed (interval 1, offset 1), lag <= 1 versions" in text
