@@ -161,9 +161,15 @@ class SplitTrainer(GRPOTrainer):
         self.log_memory(0)
 
     def stop_workers(self, after_failure: bool = False) -> None:
-        for group, name in ((self.explorers, "explorer"), (self.group, "trainer")):
+        """Engines first (vLLM must go before its process group), then the actors; after a
+        failure best effort, so that a dead worker's error does not replace the run's."""
+        sides = (
+            ("explorer", self.explorers.shutdown_engine, self.explorers),
+            ("trainer", self.actor.shutdown_engine, self.group),
+        )
+        for name, shutdown_engine, group in sides:
             try:
-                (group.shutdown_engine if group is self.explorers else self.actor.shutdown_engine)()
+                shutdown_engine()
             except Exception as error:
                 if not after_failure:
                     raise
