@@ -412,7 +412,9 @@ class WorkerSizes:
         if self.on_gpu:  # foreach AdamW: one temporary the size of the trainable shard
             return self.trainable_shard * self.master
         largest = (
-            self.lora.largest_shard if self.lora_rank else self.shape.largest_shard(self.shard_world)
+            self.lora.largest_shard
+            if self.lora_rank
+            else self.shape.largest_shard(self.shard_world)
         )
         return largest * self.master
 

@@ -201,7 +201,11 @@ class GRPOTrainer:
             if snapshot:
                 self.actor.dump_memory_history(str(Path(out) / "memory_snapshots"), self.step)
             self.reward_history.append(metrics["reward/mean"])
-            if self.val_data is not None and c.trainer.test_freq and self.step % c.trainer.test_freq == 0:
+            if (
+                self.val_data is not None
+                and c.trainer.test_freq
+                and self.step % c.trainer.test_freq == 0
+            ):
                 metrics.update(self.validate())
             sinks.log(self.step, metrics)
             last = self.step == c.trainer.total_steps

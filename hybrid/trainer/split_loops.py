@@ -186,6 +186,8 @@ class SyncSides:
 
     def initial_publish(self, version: int) -> None:
         """The weights the explorer starts from (0, or the resumed step)."""
+        if self.channel.method == "checkpoint":
+            self.channel.trainer.prepare_checkpoint_dir(version)
         if not self.nccl:
             self.times.publish_s += self.channel.publish(version)
             return

@@ -137,6 +137,21 @@ def prune_versions(root: str | Path, keep: int) -> list[Path]:
     return [path for _, path in doomed]
 
 
+def drop_versions_from(root: str | Path, first: int) -> list[Path]:
+    """Delete the complete versions >= `first` (left by a run that went further and is now
+    resumed from an earlier step: they will be published again) and every leftover temp
+    directory (a publish that was killed); return the versions deleted. The publisher calls
+    it before its first publish."""
+    remove_stale_temps(root)
+    root = Path(root)
+    doomed = [(version, path) for version, path in complete_versions(root) if version >= first]
+    for version, path in doomed:
+        trash = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}del-v{version}-", dir=root))
+        os.rename(path, trash / path.name)
+        shutil.rmtree(trash)
+    return [path for _, path in doomed]
+
+
 def remove_stale_temps(root: str | Path) -> list[Path]:
     """Delete the `.tmp-*` directories under `root` (left by crashes); return them.
 

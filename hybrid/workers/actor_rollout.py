@@ -214,4 +214,3 @@ _GENERATED_COLUMNS = (
     "position_ids",
     "response_text",
 )
-

@@ -22,7 +22,7 @@ import torch
 from hybrid.controller import Dispatch, register
 from hybrid.dtypes import torch_dtype
 from hybrid.sharding.gather import iter_full_parameters
-from hybrid.transport.checkpoint import prune_versions, write_version
+from hybrid.transport.checkpoint import drop_versions_from, prune_versions, write_version
 from hybrid.transport.collective import BroadcastGroup, free_port
 from hybrid.transport.memory import put_version
 from hybrid.workers.actor import ActorWorker
@@ -66,6 +66,18 @@ class TrainerWorker(ActorWorker):
             ray.get(synchronizer.publish.remote(version, refs))
 
         return self._publish(send)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def prepare_checkpoint_dir(self, first_version: int) -> list[str]:
+        """Before the first publish: clear what a killed publish or a run that went further
+        left in sync.checkpoint_dir (versions >= first_version will be written again)."""
+        assert self.config.sync.checkpoint_dir is not None
+        if self.rank:
+            return []
+        dropped = drop_versions_from(self.config.sync.checkpoint_dir, first_version)
+        for path in dropped:
+            logger.info("dropped %s: a resumed run publishes it again", path)
+        return [str(path) for path in dropped]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def publish_to_checkpoint(self, version: int, synchronizer: Any) -> float:

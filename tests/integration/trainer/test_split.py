@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -225,3 +226,31 @@ def test_a_killed_worker_ends_the_run_naming_its_side(
     tail = stderr[-5000:]
     named = {"explorer": "ExplorerWorker.", "trainer": "trainer."}[side]  # member.method failed
     assert "WorkerDiedError" in tail and named in tail, tail
+
+
+@pytest.mark.full  # 75 s; the default run is at its 25-minute budget
+def test_a_killed_run_resumes_from_the_trainers_checkpoint(assets: Path, tmp_path: Path) -> None:
+    """4 steps with a checkpoint at step 2; then the state a kill during step 3's checkpoint
+    publish leaves (checkpoints up to step 2, weight version 3 half written, v2 complete)
+    resumes: steps 3 and 4 train as the uninterrupted run did."""
+    full = tmp_path / "full"
+    extra = ("sync.method=checkpoint", "trainer.total_steps=4", "trainer.save_freq=2")
+    run_split(assets, full, *extra)
+    uninterrupted = read_metrics(full)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_4")
+    lines = (resumed / "metrics.jsonl").read_text().splitlines()[:2]
+    (resumed / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    weights = resumed / "weights"
+    shutil.rmtree(weights / "v3")
+    (weights / ".tmp-v3-killed").mkdir()
+    (weights / ".tmp-v3-killed" / "shard-00000.safetensors").write_bytes(b"half")
+    run_split(assets, resumed, *extra)
+    after = read_metrics(resumed)
+    assert [m["step"] for m in after] == [1, 2, 3, 4]
+    for step in (2, 3):  # steps 3 and 4
+        for key in ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+            assert after[step][key] == pytest.approx(uninterrupted[step][key], abs=2e-3), key
+    assert not (weights / ".tmp-v3-killed").exists()
+    assert sorted(p.name for p in weights.iterdir()) == ["v2", "v3"]

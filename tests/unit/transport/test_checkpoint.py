@@ -13,6 +13,7 @@ from hybrid.transport.buckets import as_bytes
 from hybrid.transport.checkpoint import (
     MANIFEST,
     complete_versions,
+    drop_versions_from,
     newest_version,
     prune_versions,
     read_version,
@@ -143,6 +144,17 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     assert prune_versions(tmp_path, keep=2) == []
     with pytest.raises(ValueError, match="keep"):
         prune_versions(tmp_path, keep=-1)
+
+
+def test_a_resumed_publisher_drops_later_versions_and_killed_writes(tmp_path: Path) -> None:
+    for version in (1, 2, 3):
+        write_version(tmp_path, version, mixed_weights(version), 1 << 20)
+    (tmp_path / ".tmp-v4-killed").mkdir()  # a publish that was killed
+    dropped = drop_versions_from(tmp_path, 2)
+    assert dropped == [tmp_path / "v2", tmp_path / "v3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]
+    write_version(tmp_path, 2, mixed_weights(20), 1 << 20)  # published again, no clash
+    assert [v for v, _ in complete_versions(tmp_path)] == [1, 2]
 
 
 def test_an_empty_or_absent_root_has_no_versions(tmp_path: Path) -> None:
