@@ -31,8 +31,9 @@ LOGPROB_DIFF_MAX = 0.05  # bf16 noise; fp32 engines measured 0
 STEPS = 3
 # (method, style, offset) cells beyond the on-policy run of each transport: the default run
 # adds one per style (dynamic, and fixed one-step-off); the rest are `full`.
-DEFAULT_CELLS = [("checkpoint", "dynamic_by_explorer", 0), ("memory", "fixed", 1)]
+DEFAULT_CELLS = [("checkpoint", "dynamic_by_explorer", 0)]
 FULL_CELLS = [
+    ("memory", "fixed", 1),  # also run (killed after step 2) by the default explorer-kill test
     ("nccl", "dynamic_by_explorer", 0),
     ("memory", "dynamic_by_explorer", 0),
     ("nccl", "fixed", 1),
@@ -199,8 +200,10 @@ def test_a_killed_worker_ends_the_run_naming_its_side(
     assets: Path, tmp_path: Path, side: str
 ) -> None:
     out = tmp_path / side
+    # One-step-off over the object store: the kill test is also the default run's offset-1 cell.
+    args = split_args(assets, out, "trainer.total_steps=500", "sync.method=memory", "sync.offset=1")
     child = subprocess.Popen(
-        [sys.executable, "-m", "hybrid.main", *split_args(assets, out, "trainer.total_steps=500")],
+        [sys.executable, "-m", "hybrid.main", *args],
         env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -214,6 +217,10 @@ def test_a_killed_worker_ends_the_run_naming_its_side(
             assert child.poll() is None, child.communicate()[1][-5000:]
             assert time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(0.2)
+        first_two = [json.loads(line) for line in metrics.read_text().splitlines()[:2]]
+        for m in first_two:  # one step off: lag at most 1, every version probed
+            assert m["sync/version_lag_max"] <= 1, m
+            assert m["sync/probe_logprob_diff_max"] < LOGPROB_DIFF_MAX, m
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         _, stderr = child.communicate(timeout=90)
