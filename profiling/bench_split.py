@@ -31,17 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from hybrid.main import build_config
-from hybrid.trainer.grpo import GRPOTrainer
-from hybrid.trainer.split import SplitTrainer
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_step import prepare
+from bench_step import compose_run, prepare
+from bench_step import run as run_any
 
-REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "colocated": ["trainer.num_workers=2"],
     "split_on_policy": ["trainer.placement=split", "sync.offset=0"],
@@ -51,27 +46,9 @@ TRANSPORTS = ("nccl", "memory", "checkpoint")
 
 
 def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose(
-            "config",
-            overrides=[
-                f"model.path={root / 'model'}",
-                f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-                "data.val_files=[]",
-                f"trainer.output_dir={root / name}",
-                f"trainer.total_steps={steps}",
-                "trainer.loggers=[jsonl]",
-                "trainer.val_before_train=false",
-                "trainer.export_hf=false",
-                "trainer.resume=disable",
-                f"sync.checkpoint_dir={root / name / 'weights'}",
-                *overrides,
-            ],
-        )
-    config = build_config(cfg)
-    (SplitTrainer if config.trainer.split else GRPOTrainer)(config).fit()
-    lines = (root / name / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    """A fresh run of `steps` steps (the checkpoint transport writes under the run)."""
+    extra = ["trainer.resume=disable", f"sync.checkpoint_dir={root / name / 'weights'}"]
+    return run_any(root, name, steps, [*extra, *overrides])
 
 
 def throughput(rows: list[dict[str, Any]], samples_per_step: int) -> dict[str, float]:
@@ -110,7 +87,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "throughput"
         prepare(root, args.preset)
-        cfg = build_config_for(root, args.overrides)
+        cfg = compose_run(root, "config", args.steps, args.overrides)
         per_step = cfg.data.train_batch_size * cfg.rollout.n
         measured: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
         for round_index in range(args.rounds):
@@ -136,20 +113,6 @@ def main() -> None:
         if not args.skip_sync:
             report["sync"] = sync_costs(Path(tmp) / "sync", args.sync_preset, args.sync_steps)
     print(json.dumps(report))
-
-
-def build_config_for(root: Path, overrides: list[str]) -> Any:
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose(
-            "config",
-            overrides=[
-                f"model.path={root / 'model'}",
-                f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-                "data.val_files=[]",
-                *overrides,
-            ],
-        )
-    return build_config(cfg)
 
 
 def sync_costs(root: Path, preset: str, steps: int) -> dict[str, Any]:

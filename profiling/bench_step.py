@@ -40,7 +40,9 @@ from hydra import compose, initialize_config_dir
 
 from hybrid.dtypes import Hardware
 from hybrid.main import build_config
+from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.trainer.split import SplitTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 # The trainer-side speed-ups off: what a step cost before them.
@@ -59,7 +61,8 @@ def prepare(root: Path, preset: str) -> None:
     subprocess.run([*data, "--output-dir", str(root / "data")], check=True)
 
 
-def run_steps(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
+def compose_run(root: Path, name: str, steps: int, overrides: list[str]) -> TrainerRunConfig:
+    """The default config on the model and data under `root`, writing to `root/name`."""
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         cfg = compose(
             "config",
@@ -75,9 +78,19 @@ def run_steps(root: Path, name: str, steps: int, overrides: list[str]) -> list[d
                 *overrides,
             ],
         )
-    GRPOTrainer(build_config(cfg)).fit()
+    return build_config(cfg)
+
+
+def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
+    """Train `steps` steps (either placement); every step's metrics."""
+    config = compose_run(root, name, steps, overrides)
+    (SplitTrainer if config.trainer.split else GRPOTrainer)(config).fit()
     lines = (root / name / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines][1:]  # the first step warms up
+    return [json.loads(line) for line in lines]
+
+
+def run_steps(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
+    return run(root, name, steps, overrides)[1:]  # the first step warms up
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -200,28 +200,32 @@ class GRPOTrainer:
             metrics = self.train_step()
             if snapshot:
                 self.actor.dump_memory_history(str(Path(out) / "memory_snapshots"), self.step)
-            self.reward_history.append(metrics["reward/mean"])
-            if (
-                self.val_data is not None
-                and c.trainer.test_freq
-                and self.step % c.trainer.test_freq == 0
-            ):
-                metrics.update(self.validate())
-            sinks.log(self.step, metrics)
-            last = self.step == c.trainer.total_steps
-            if last or (c.trainer.save_freq and self.step % c.trainer.save_freq == 0):
-                self.save()
-            self.log_memory(self.step)
+            self.finish_step(sinks, metrics)
         return metrics
+
+    def finish_step(self, sinks: Sinks, metrics: dict[str, float]) -> None:
+        """After a step's update, in every placement: validation when due, the metric sinks,
+        a checkpoint when due, the memory ledger."""
+        t = self.config.trainer
+        self.reward_history.append(metrics["reward/mean"])
+        if self.val_data is not None and t.test_freq and self.step % t.test_freq == 0:
+            metrics.update(self.validate())
+        sinks.log(self.step, metrics)
+        if self.step == t.total_steps or (t.save_freq and self.step % t.save_freq == 0):
+            self.save()
+        self.log_memory(self.step)
+
+    def seeded_prompts(self, step: int) -> Batch:
+        """The next prompt batch (for `step`) with one sampling seed per row: sampling is a
+        function of (seed, step, row), so a resumed run draws what the uninterrupted one drew."""
+        base = (self.config.trainer.seed * 1_000_003 + step) * 10_007
+        prompts = self.loader.next_batch()
+        return prompts.union(Batch.from_dict({"seed": torch.arange(len(prompts)) + base}))
 
     def train_step(self) -> dict[str, float]:
         c = self.config
         started = time.perf_counter()
-        prompts = self.loader.next_batch()
-        # One seed per prompt row: sampling is a function of (seed, step, row), so a resumed
-        # run draws exactly what the uninterrupted one drew.
-        base = (c.trainer.seed * 1_000_003 + self.step) * 10_007
-        prompts = prompts.union(Batch.from_dict({"seed": torch.arange(len(prompts)) + base}))
+        prompts = self.seeded_prompts(self.step)
         t0 = time.perf_counter()
         rollout = self.actor.generate_sequences(prompts)
         gen_s = time.perf_counter() - t0
@@ -301,14 +305,17 @@ class GRPOTrainer:
             path = Path(self.config.trainer.output_dir) / "memory.jsonl"
             write_records(path, [record for records in per_rank for record in records])
 
+    def generate_greedy(self, batch: Batch) -> Batch:
+        """One greedy response per prompt row (validation), from this placement's engines."""
+        return self.actor.generate_sequences(batch, greedy=True)
+
     def validate(self) -> dict[str, float]:
         assert self.val_data is not None
         size = self.config.data.val_batch_size
         batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
         scores = []
         for batch in batches.validation_batches(size):
-            rollout = self.actor.generate_sequences(batch, greedy=True)
-            batch_scores, _ = self.rewards.score(rollout)
+            batch_scores, _ = self.rewards.score(self.generate_greedy(batch))
             scores.append(batch_scores)
         joined = torch.cat(scores)
         return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}

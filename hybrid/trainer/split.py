@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 
 from hybrid.algorithms.advantages import compute_grpo_advantages
 from hybrid.buffer.experience import ExperienceBufferActor
@@ -178,12 +177,6 @@ class SplitTrainer(GRPOTrainer):
 
     # --- the loops -------------------------------------------------------------------------
 
-    def seeded_prompts(self, step: int) -> Batch:
-        """The next prompt batch with one sampling seed per row, as the colocated loop draws."""
-        base = (self.config.trainer.seed * 1_000_003 + step) * 10_007
-        prompts = self.loader.next_batch()
-        return prompts.union(Batch.from_dict({"seed": torch.arange(len(prompts)) + base}))
-
     def run_steps(self, sinks: Sinks) -> dict[str, float]:
         """The two loops (trainer.val_before_train does not apply: the explorers hold no
         weights before the first sync)."""
@@ -197,19 +190,7 @@ class SplitTrainer(GRPOTrainer):
             while self.step < c.trainer.total_steps:
                 self.step += 1
                 metrics = self.train_step()
-                self.reward_history.append(metrics["reward/mean"])
-                if (
-                    self.val_data is not None
-                    and c.trainer.test_freq
-                    and self.step % c.trainer.test_freq == 0
-                ):
-                    metrics.update(self.validate())
-                sinks.log(self.step, metrics)
-                if self.step == c.trainer.total_steps or (
-                    c.trainer.save_freq and self.step % c.trainer.save_freq == 0
-                ):
-                    self.save()
-                self.log_memory(self.step)
+                self.finish_step(sinks, metrics)
                 self.sides.trainer_sync(self.step, after_step=True)
         except BaseException as error:
             self.explorer_loop.stopping.set()
@@ -339,18 +320,9 @@ class SplitTrainer(GRPOTrainer):
         gen_s, self.explorer_loop.gen_s = self.explorer_loop.gen_s, 0.0
         return gen_s
 
-    def validate(self) -> dict[str, float]:
-        assert self.val_data is not None
-        from hybrid.data import PromptLoader
-
-        size = self.config.data.val_batch_size
-        batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
-        scores = []
-        for batch in batches.validation_batches(size):
-            rollout = self.explorers.generate_sequences(batch, greedy=True)
-            scores.append(self.rewards.score(rollout)[0])
-        joined = torch.cat(scores)
-        return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+    def generate_greedy(self, batch: Batch) -> Batch:
+        """Validation runs on the explorers, with the weights they hold."""
+        return self.explorers.generate_sequences(batch, greedy=True)
 
     def save(self, loader_state: dict[str, int] | None = None) -> None:
         # The loader has run ahead with the explorer: store its position after this step's
