@@ -36,6 +36,28 @@ def write_assets(root: Path) -> Path:
     return root
 
 
+def small_run_overrides(assets: Path, output_dir: Path, *extra: str) -> list[str]:
+    """Command-line overrides of a small run (4 prompts x 4 samples, KL on, jsonl only, no
+    validation, no export) on `write_assets`' model and data."""
+    return [
+        f"model.path={assets / 'model'}",
+        f"data.train_files=[{assets / 'train.jsonl'}]",
+        "data.val_files=[]",
+        f"trainer.output_dir={output_dir}",
+        "data.train_batch_size=4",
+        "algorithm.ppo_mini_batch_size=4",
+        "rollout.n=4",
+        "actor.micro_batch_size=8",
+        "actor.use_kl_loss=true",
+        "actor.lr=1e-3",
+        "trainer.loggers=[jsonl]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "trainer.export_hf=false",
+        *extra,
+    ]
+
+
 def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunConfig:
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
         cfg = compose(

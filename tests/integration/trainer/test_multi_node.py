@@ -23,7 +23,13 @@ from ray.cluster_utils import Cluster
 
 from hybrid.memory.records import read_records
 from hybrid.trainer.checkpoints import complete_checkpoints
-from tests.integration.trainer.helpers import UNREPEATABLE, child_env, read_metrics, write_assets
+from tests.integration.trainer.helpers import (
+    UNREPEATABLE,
+    child_env,
+    read_metrics,
+    small_run_overrides,
+    write_assets,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -55,23 +61,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def overrides(assets: Path, output_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"model.path={assets / 'model'}",
-        f"data.train_files=[{assets / 'train.jsonl'}]",
-        "data.val_files=[]",
-        f"trainer.output_dir={output_dir}",
-        "data.train_batch_size=4",
-        "algorithm.ppo_mini_batch_size=4",
-        "rollout.n=4",
-        "actor.micro_batch_size=8",
-        "actor.use_kl_loss=true",
-        "actor.lr=1e-3",
-        "trainer.loggers=[jsonl]",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=0",
-        "trainer.export_hf=false",
-        *extra,
-    ]
+    return small_run_overrides(assets, output_dir, *extra)
 
 
 def launch(args: list[str]) -> subprocess.Popen[str]:

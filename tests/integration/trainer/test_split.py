@@ -22,7 +22,12 @@ from pathlib import Path
 import pytest
 
 from hybrid.synchronizer.states import Transition, check_timeline
-from tests.integration.trainer.helpers import child_env, read_metrics, write_assets
+from tests.integration.trainer.helpers import (
+    child_env,
+    read_metrics,
+    small_run_overrides,
+    write_assets,
+)
 from tests.integration.trainer.test_multi_node import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -48,28 +53,16 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def split_args(assets: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        f"model.path={assets / 'model'}",
-        f"data.train_files=[{assets / 'train.jsonl'}]",
-        "data.val_files=[]",
-        f"trainer.output_dir={out}",
-        "data.train_batch_size=4",
-        "algorithm.ppo_mini_batch_size=4",
-        "rollout.n=4",
-        "actor.micro_batch_size=8",
-        "actor.lr=1e-3",
-        "actor.use_kl_loss=true",
-        "trainer.loggers=[jsonl]",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=0",
-        "trainer.export_hf=false",
+    return small_run_overrides(
+        assets,
+        out,
         f"trainer.total_steps={STEPS}",
         "trainer.placement=split",
         "sync.timeout_s=60",
         "sync.verify_checksum=true",
         f"sync.checkpoint_dir={out / 'weights'}",
         *extra,
-    ]
+    )
 
 
 def run_split(assets: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
