@@ -9,12 +9,13 @@ Each prints the median step period (after `--warmup` steps) and generated tokens
 the last lines give one-step-off / on-policy and split / colocated tokens/s (target: one-step-
 off >= 1.4x on-policy).
 
-Part 2 (`--sync-preset`, default bench-100m): per transport (nccl, memory, checkpoint), the
-median time from the trainer starting to publish a version to the explorer holding it (publish
-+ load; nccl's two halves overlap, so it takes the longer), against two floors measured in this
-process on the same weights: a raw copy of every tensor into a preallocated buffer (the bytes
-moved once), and the colocated in-process sync of the same model (gather + load into vLLM).
-Target: each transport <= 2x the raw floor. Last line: a JSON object with everything.
+Part 2 (`--sync-preset`, default bench-100m, engine in `--sync-dtype`, default bf16): per
+transport (nccl, memory, checkpoint), the median time from the trainer starting to publish a
+version to the explorer holding it (publish + load; nccl's two halves overlap, so it takes the
+longer), after `WARM_SYNCS` syncs, against the raw gather + copy of the same bytes through the
+same medium (`sync_floors.py`: cast, move one flat buffer, copy out) and against the memcpy
+floor under all of them; the colocated in-process sync is printed beside them. Target: each
+transport <= 2x its medium's floor. Last line: a JSON object with everything.
 
     python profiling/bench_split.py [--steps 12] [--rounds 2] [--preset tiny] [overrides...]
 """
@@ -26,16 +27,15 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step import compose_run, prepare
 from bench_step import run as run_any
+from sync_floors import checkpoint_floor, load_weights, memcpy_floor, memory_floor, nccl_floor
 
 VARIANTS = {
     "colocated": ["trainer.num_workers=2"],
@@ -43,6 +43,9 @@ VARIANTS = {
     "split_one_step_off": ["trainer.placement=split", "sync.offset=1"],
 }
 TRANSPORTS = ("nccl", "memory", "checkpoint")
+WARM_SYNCS = 2
+"""Sync rows left out of the medians: the first publishes fault in fresh memory (staging
+buffers, the object store's pages) that later ones reuse."""
 
 
 def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
@@ -57,21 +60,6 @@ def throughput(rows: list[dict[str, Any]], samples_per_step: int) -> dict[str, f
     return {"step_s": round(step, 4), "tokens_per_s": round(tokens / step, 1)}
 
 
-def raw_copy_floor(model_dir: Path, dtype: torch.dtype, repeats: int = 3) -> tuple[float, int]:
-    """Seconds to copy every weight once into a preallocated buffer of the engine's dtype."""
-    weights = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    targets = {name: torch.empty(t.shape, dtype=dtype) for name, t in weights.items()}
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for name, tensor in weights.items():
-            targets[name].copy_(tensor)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), sum(t.numel() * t.element_size() for t in targets.values())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
@@ -79,72 +67,102 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
     parser.add_argument("--sync-preset", default="bench-100m", choices=["tiny", "bench-100m"])
-    parser.add_argument("--sync-steps", type=int, default=4)
+    parser.add_argument("--sync-steps", type=int, default=8)
     parser.add_argument("--skip-sync", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument(
+        "--sync-dtype",
+        default="bfloat16",
+        help="rollout.dtype of the sync runs (bf16 is what the memory transport publishes)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "throughput"
-        prepare(root, args.preset)
-        cfg = compose_run(root, "config", args.steps, args.overrides)
-        per_step = cfg.data.train_batch_size * cfg.rollout.n
-        measured: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
-        for round_index in range(args.rounds):
-            for name, overrides in VARIANTS.items():
-                rows = run(root, f"{name}_{round_index}", args.steps, [*overrides, *args.overrides])
-                measured[name] += rows[args.warmup :]
-                print(
-                    f"round {round_index + 1} {name}: {throughput(rows[args.warmup :], per_step)}"
-                )
-        for name, rows in measured.items():
-            report[name] = throughput(rows, per_step)
-            print(
-                f"{name:20s} step {report[name]['step_s']:.3f} s  {report[name]['tokens_per_s']:.0f} tokens/s"
-            )
-        off, on = report["split_one_step_off"], report["split_on_policy"]
-        report["one_step_off_over_on_policy"] = round(off["tokens_per_s"] / on["tokens_per_s"], 3)
-        report["split_on_policy_over_colocated"] = round(
-            on["tokens_per_s"] / report["colocated"]["tokens_per_s"], 3
-        )
-        print(
-            f"one-step-off / on-policy tokens/s: {report['one_step_off_over_on_policy']} (target >= 1.4)"
-        )
+        if not args.skip_throughput:
+            report.update(throughputs(Path(tmp) / "throughput", args))
         if not args.skip_sync:
-            report["sync"] = sync_costs(Path(tmp) / "sync", args.sync_preset, args.sync_steps)
+            report["sync"] = sync_costs(
+                Path(tmp) / "sync", args.sync_preset, args.sync_steps, args.sync_dtype
+            )
     print(json.dumps(report))
 
 
-def sync_costs(root: Path, preset: str, steps: int) -> dict[str, Any]:
-    prepare(root, preset)
-    costs: dict[str, Any] = {}
-    rows = run(root, "colocated_sync", steps, ["trainer.num_workers=1", "sync.strategy=auto"])
-    colocated = statistics.median(
-        r["timing_s/sync_gather"] + r["timing_s/sync_load"] for r in rows[1:]
+def throughputs(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Part 1: the three variants, interleaved round by round."""
+    report: dict[str, Any] = {}
+    prepare(root, args.preset)
+    cfg = compose_run(root, "config", args.steps, args.overrides)
+    per_step = cfg.data.train_batch_size * cfg.rollout.n
+    measured: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    for round_index in range(args.rounds):
+        for name, overrides in VARIANTS.items():
+            rows = run(root, f"{name}_{round_index}", args.steps, [*overrides, *args.overrides])
+            measured[name] += rows[args.warmup :]
+            print(f"round {round_index + 1} {name}: {throughput(rows[args.warmup :], per_step)}")
+    for name, rows in measured.items():
+        report[name] = throughput(rows, per_step)
+        print(
+            f"{name:20s} step {report[name]['step_s']:.3f} s  {report[name]['tokens_per_s']:.0f} tokens/s"
+        )
+    off, on = report["split_one_step_off"], report["split_on_policy"]
+    report["one_step_off_over_on_policy"] = round(off["tokens_per_s"] / on["tokens_per_s"], 3)
+    report["split_on_policy_over_colocated"] = round(
+        on["tokens_per_s"] / report["colocated"]["tokens_per_s"], 3
     )
-    dtype = json.loads((root / "colocated_sync" / "config.json").read_text())["rollout"]["dtype"]
-    floor, nbytes = raw_copy_floor(root / "model", getattr(torch, dtype))
-    costs["bytes"] = nbytes
-    costs["raw_copy_floor_s"] = round(floor, 4)
-    costs["colocated_sync_s"] = round(colocated, 4)
     print(
-        f"sync floor: raw copy {floor:.3f} s ({nbytes / 2**20:.0f} MiB), colocated in-process sync {colocated:.3f} s"
+        f"one-step-off / on-policy tokens/s: {report['one_step_off_over_on_policy']} (target >= 1.4)"
+    )
+    return report
+
+
+def sync_costs(root: Path, preset: str, steps: int, dtype_name: str) -> dict[str, Any]:
+    """Part 2: each transport's sync against the floors of `sync_floors.py`."""
+    prepare(root, preset)
+    dtype = getattr(torch, dtype_name)
+    weights = load_weights(root / "model")
+    memcpy, nbytes = memcpy_floor(weights, dtype)
+    floors = {
+        "memory": memory_floor(weights, dtype),
+        "nccl": nccl_floor(root / "model", dtype),
+        "checkpoint": checkpoint_floor(weights, dtype, root / "floor"),
+    }
+    del weights
+    engine = [f"rollout.dtype={dtype_name}", "sync.strategy=auto"]
+    rows = run(root, "colocated_sync", steps, ["trainer.num_workers=1", *engine])[WARM_SYNCS:]
+    colocated = statistics.median(r["timing_s/sync_gather"] + r["timing_s/sync_load"] for r in rows)
+    costs: dict[str, Any] = {
+        "bytes": nbytes,
+        "memcpy_floor_s": round(memcpy, 4),
+        "colocated_sync_s": round(colocated, 4),
+    }
+    print(
+        f"{nbytes / 2**20:.0f} MiB of {dtype_name}: memcpy floor {memcpy:.3f} s, "
+        f"colocated in-process sync (gather + load into vLLM) {colocated:.3f} s"
     )
     for method in TRANSPORTS:
-        rows = run(
-            root, f"sync_{method}", steps, ["trainer.placement=split", f"sync.method={method}"]
-        )
+        overrides = ["trainer.placement=split", f"sync.method={method}", *engine]
+        rows = run(root, f"sync_{method}", steps, overrides)[WARM_SYNCS:]
         per_sync = [
+            # nccl's two halves run at once (the explorer receives while the trainer sends).
             max(r["timing_s/publish"], r["timing_s/explorer_load"])
             if method == "nccl"
             else r["timing_s/publish"] + r["timing_s/explorer_load"]
-            for r in rows[1:]
+            for r in rows
             if r["sync/explorer_syncs"]
         ]
-        seconds = statistics.median(per_sync)
-        costs[method] = {"sync_s": round(seconds, 4), "over_raw_floor": round(seconds / floor, 2)}
+        seconds, floor = statistics.median(per_sync), floors[method]
+        costs[method] = {
+            "sync_s": round(seconds, 4),
+            "publish_s": round(statistics.median(r["timing_s/publish"] for r in rows), 4),
+            "load_s": round(statistics.median(r["timing_s/explorer_load"] for r in rows), 4),
+            "medium_floor_s": round(floor, 4),
+            "over_medium_floor": round(seconds / floor, 2),
+            "over_memcpy_floor": round(seconds / memcpy, 2),
+        }
         print(
-            f"{method:10s} sync {seconds:.3f} s = {seconds / floor:.2f}x the raw floor (target <= 2)"
+            f"{method:10s} sync {seconds:.3f} s = {seconds / floor:.2f}x its medium's floor "
+            f"{floor:.3f} s (target <= 2), {seconds / memcpy:.1f}x the memcpy floor"
         )
     return costs
 

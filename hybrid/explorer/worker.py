@@ -28,6 +28,7 @@ from hybrid.rollout.base import GeneratedSample
 from hybrid.rollout.scores import response_scores
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.loader import WeightLoader
+from hybrid.transport.buckets import Staging
 from hybrid.transport.checkpoint import read_version
 from hybrid.transport.collective import BroadcastGroup
 from hybrid.transport.memory import get_version
@@ -84,6 +85,8 @@ class ExplorerWorker(Worker):
         self.version = -1
         """The weight version in the engine (-1: the dummy weights it started with)."""
         self._broadcast: BroadcastGroup | None = None
+        self._staging = Staging()
+        """Receive buffer of the broadcast transport, kept between syncs."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_engine(self) -> None:
@@ -169,12 +172,13 @@ class ExplorerWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_from_memory(self, version: int, refs: list[Any]) -> float:
         """Load `version` from the object store (its bucket refs); returns the seconds taken."""
-        return self._load(version, get_version(refs))
+        return self._load(version, get_version(refs, version=version))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_from_checkpoint(self, version: int, path: str) -> float:
-        """Load the complete version directory `path` (checksums verified)."""
-        return self._load(version, read_version(path))
+        """Load the complete version directory `path` (its manifest's checksums verified with
+        sync.verify_checksum)."""
+        return self._load(version, read_version(path, self.config.sync.verify_checksum))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
@@ -185,7 +189,8 @@ class ExplorerWorker(Worker):
     def load_from_broadcast(self, version: int) -> float:
         if self._broadcast is None:
             raise RuntimeError("load_from_broadcast before join_broadcast")
-        return self._load(version, self._broadcast.receive())
+        # The loaders copy every tensor as it arrives, so received buckets can share a buffer.
+        return self._load(version, self._broadcast.receive(staging=self._staging))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_digest(self) -> dict[str, Any]:

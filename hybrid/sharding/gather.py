@@ -15,7 +15,8 @@ Granularity decides how many full tensors are alive together, hence the peak mem
   layer:  one decoder layer      (peak: the largest layer; the "layered summon")
   bucket: up to `bucket_bytes`   (peak: one bucket)
 All four produce the same tensors. The consumer takes them one by one and each is released
-as soon as the consumer lets go of it.
+as soon as the consumer lets go of it. The tensors are read-only to the consumer: with world
+size 1 and the parameters' own dtype they are the parameters themselves, not copies.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if sharding is None:
         return param.detach().full_tensor().to(dtype)  # type: ignore[attr-defined]
     group, world = sharding
+    if world == 1:  # the local shard is the whole tensor: a collective would only copy it
+        return param.to_local().detach().to(dtype)
     rows = param.shape[0]
     chunk = -(-rows // world)
     local = param.to_local().detach().to(dtype)
@@ -131,6 +134,8 @@ class CoalescedGather:
         sharding = dim0_shard_group(self.sharded[0][1])
         assert sharding is not None
         shard_group, self.world = sharding
+        if self.world == 1:  # nothing to gather: `result` casts each local tensor
+            return
         # Few ops per tensor: with hundreds of small tensors the dispatcher, not the bytes,
         # sets the time. Shards are flattened in their own dtype and cast once, together.
         pieces, self.layouts = [], []

@@ -15,7 +15,14 @@ Every receiver verifies each tensor's digest (`TransportChecksumError` on a mism
 have deadlines and fail with `TransportError` naming the other side.
 """
 
-from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, tensor_digest, unpack_bucket
+from hybrid.transport.buckets import (
+    Staging,
+    TensorMeta,
+    Weights,
+    iter_buckets,
+    tensor_digest,
+    unpack_bucket,
+)
 from hybrid.transport.checkpoint import (
     complete_versions,
     newest_version,
@@ -30,6 +37,7 @@ from hybrid.transport.memory import get_version, put_version
 
 __all__ = [
     "BroadcastGroup",
+    "Staging",
     "TensorMeta",
     "TransportChecksumError",
     "TransportError",

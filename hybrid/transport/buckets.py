@@ -1,10 +1,12 @@
 """Packing a weight stream into flat byte buckets and back (pure, no Ray, no sockets).
 
-A weight stream is an iterable of `(hf_name, full_tensor)` pairs of CPU tensors of any dtype
-(bfloat16 included). `iter_buckets` groups consecutive tensors into flat `uint8` tensors of at
+A weight stream is an iterable of `(hf_name, full_tensor)` pairs of tensors of any dtype
+(bfloat16 included) on any device; buckets are CPU tensors. `iter_buckets` groups consecutive tensors into flat `uint8` tensors of at
 most `bucket_bytes` each (a tensor larger than that gets a bucket of its own) and describes
-each tensor with a `TensorMeta`: where its bytes lie in the bucket and their CRC-32.
-`unpack_bucket` gives the tensors back, bit for bit, and checks the digests.
+each tensor with a `TensorMeta`: where its bytes lie in the bucket and, when the sender asks
+for them (`sync.verify_checksum`), their CRC-32. `unpack_bucket` gives the tensors back, bit
+for bit, and checks every digest the sender wrote. Digests are opt-in because hashing is the
+transports' largest cost after the copies (CRC-32 runs at ~3 GB/s, a copy at ~20).
 
 Tensors are moved as raw bytes (`view(torch.uint8)`), never converted, so every dtype round
 trips exactly, NaN payloads included. Offsets are aligned to `ALIGN_BYTES` so that a byte slice
@@ -39,14 +41,13 @@ class TensorMeta:
     offset: int
     """First byte of the tensor inside its bucket."""
     nbytes: int
-    checksum: str
-    """`tensor_digest` of the tensor's bytes."""
+    checksum: str | None
+    """`tensor_digest` of the tensor's bytes; None when the sender did not compute one."""
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a flat `uint8` CPU tensor (a view when it is already contiguous)."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"weight tensors must be on the CPU, got one on {tensor.device}")
+    """The tensor's bytes as a flat `uint8` tensor on its device (a view when it is already
+    contiguous)."""
     # reshape before view: a 0-dim tensor cannot be viewed as a dtype of another size.
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
@@ -88,36 +89,72 @@ def group_by_size(
         yield group
 
 
-def iter_buckets(
-    weights: Weights, bucket_bytes: int
-) -> Iterator[tuple[torch.Tensor, list[TensorMeta]]]:
-    """Pack the stream into `(flat uint8 bucket, metas)` pairs, in stream order.
+class Staging:
+    """A sender's bucket memory, kept from one publish to the next.
 
-    Holds at most one bucket's worth of source tensors plus the bucket being filled.
+    Writing into fresh memory costs a page fault per 4 KiB page, about as much as the copy
+    itself; a buffer that stays mapped pays that once per run. It grows to the largest bucket
+    asked for.
+    """
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A flat uint8 view of `nbytes`, valid until the next `take`."""
+        if self.buffer.numel() < nbytes:
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        return self.buffer[:nbytes]
+
+
+def iter_buckets(
+    weights: Weights,
+    bucket_bytes: int,
+    checksums: bool = True,
+    *,
+    cast_to: torch.dtype | None = None,
+    staging: Staging | None = None,
+) -> Iterator[tuple[torch.Tensor, list[TensorMeta]]]:
+    """Pack the stream into `(flat uint8 bucket, metas)` pairs, in stream order, with each
+    tensor's digest when `checksums`.
+
+    `cast_to` casts floating-point tensors on their way into the bucket (one pass instead of
+    a cast and a copy). With `staging`, every bucket is a view into its buffer and is
+    overwritten by the next one: the consumer must be done with a bucket (sent or copied it)
+    before it asks for the next. Holds at most one bucket's worth of source tensors plus the
+    bucket being filled.
     """
     for group in group_by_size(weights, bucket_bytes, align=ALIGN_BYTES):
-        metas: list[TensorMeta] = []
-        sources: list[torch.Tensor] = []
+        placed: list[tuple[str, torch.Tensor, torch.dtype, int]] = []
         offset = 0
         for name, tensor in group:
-            source = as_bytes(tensor)
+            dtype = cast_to if cast_to is not None and tensor.is_floating_point() else tensor.dtype
             offset = _align_up(offset, ALIGN_BYTES)
+            placed.append((name, tensor, dtype, offset))
+            offset += tensor.numel() * dtype.itemsize
+        flat = staging.take(offset) if staging else torch.empty(offset, dtype=torch.uint8)
+        metas: list[TensorMeta] = []
+        end = 0
+        for name, tensor, dtype, start in placed:
+            nbytes = tensor.numel() * dtype.itemsize
+            # Zero the alignment padding, so that a bucket's bytes are deterministic too.
+            flat[end:start].zero_()
+            raw = flat[start : start + nbytes]
+            if dtype == tensor.dtype:
+                raw.copy_(as_bytes(tensor))
+            else:
+                raw.view(dtype).copy_(tensor.detach().reshape(-1))
+            end = start + nbytes
             metas.append(
                 TensorMeta(
                     name=name,
                     shape=tuple(tensor.shape),
-                    dtype=dtype_name(tensor.dtype),
-                    offset=offset,
-                    nbytes=source.numel(),
-                    checksum=_crc32(source),
+                    dtype=dtype_name(dtype),
+                    offset=start,
+                    nbytes=nbytes,
+                    checksum=_crc32(raw) if checksums else None,
                 )
             )
-            sources.append(source)
-            offset += source.numel()
-        # Zeroed, so that the alignment padding is deterministic too.
-        flat = torch.zeros(offset, dtype=torch.uint8)
-        for meta, source in zip(metas, sources, strict=True):
-            flat[meta.offset : meta.offset + meta.nbytes].copy_(source)
         yield flat, metas
 
 
@@ -131,7 +168,8 @@ def unpack_bucket(
     """The tensors of one bucket, as views into `flat` with their dtype and shape.
 
     With `verify`, a tensor whose bytes do not match its checksum raises
-    `TransportChecksumError` naming the tensor and `source` (e.g. the version and bucket).
+    `TransportChecksumError` naming the tensor and `source` (e.g. the version and bucket);
+    tensors sent without a checksum are not checked.
     """
     if flat.dtype != torch.uint8 or flat.dim() != 1:
         raise TransportError(
@@ -146,7 +184,7 @@ def unpack_bucket(
                 f"tensor {meta.name!r}{where} ends at byte {end}, past its bucket of {flat.numel()}"
             )
         raw = flat[meta.offset : end]
-        if verify:
+        if verify and meta.checksum is not None:
             actual = _crc32(raw)
             if actual != meta.checksum:
                 raise TransportChecksumError(meta.name, meta.checksum, actual, source)
@@ -160,4 +198,4 @@ def _align_up(offset: int, align: int) -> int:
 
 
 def _crc32(flat_bytes: torch.Tensor) -> str:
-    return f"{zlib.crc32(flat_bytes.numpy().data):08x}"
+    return f"{zlib.crc32(flat_bytes.cpu().numpy().data):08x}"

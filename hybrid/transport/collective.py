@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, unpack_bucket
+from hybrid.transport.buckets import Staging, TensorMeta, Weights, iter_buckets, unpack_bucket
 from hybrid.transport.errors import TransportError
 
 _STORE_PREFIX = "hybrid-transport"
@@ -84,12 +84,16 @@ class BroadcastGroup:
             f"{self.host}:{self.port}, {self.device})"
         )
 
-    def send(self, weights: Weights, bucket_bytes: int) -> int:
-        """Broadcast the stream to every receiver (rank 0 only); return the bucket bytes sent."""
+    def send(
+        self, weights: Weights, bucket_bytes: int, checksums: bool = True, **packing: Any
+    ) -> int:
+        """Broadcast the stream to every receiver (rank 0 only), with each tensor's digest when
+        `checksums`; return the bucket bytes sent. `packing`: `iter_buckets`'s keyword options
+        (a staging buffer is safe: each broadcast completes before the next bucket is packed)."""
         if self.rank != 0:
             raise RuntimeError(f"{self}: only rank 0 sends")
         sent = 0
-        for flat, metas in iter_buckets(weights, bucket_bytes):
+        for flat, metas in iter_buckets(weights, bucket_bytes, checksums, **packing):
             header = json.dumps([asdict(m) for m in metas]).encode()
             self._broadcast(torch.tensor([len(header), flat.numel()], dtype=torch.int64))
             self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
@@ -98,11 +102,19 @@ class BroadcastGroup:
         self._broadcast(torch.zeros(2, dtype=torch.int64))
         return sent
 
-    def receive(self, verify: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(
+        self, verify: bool = True, staging: Staging | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield the stream rank 0 sends, in order, until its end (receivers only).
 
+        With `staging` (CPU groups), buckets are received into its buffer and the tensors are
+        views that the next bucket overwrites: a consumer that copies each tensor as it comes
+        (the engine's loaders do) saves an allocation per bucket; one that keeps them must not
+        pass `staging`.
+
         Raises `TransportError` if nothing arrives within the group's timeout or the sender
-        dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest.
+        dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest
+        (when the sender sent digests).
         Consume it to the end: a receiver that stops early leaves the sender waiting until its
         timeout, and the group out of step.
         """
@@ -113,7 +125,11 @@ class BroadcastGroup:
             if header_len == 0:
                 return
             header = self._receive_buffer(header_len, torch.uint8)
-            flat = self._receive_buffer(bucket_len, torch.uint8)
+            if staging is not None and self.device.type == "cpu":
+                flat = staging.take(bucket_len)
+                self._broadcast(flat)
+            else:
+                flat = self._receive_buffer(bucket_len, torch.uint8)
             metas = [_meta_from_json(m) for m in json.loads(header.numpy().tobytes())]
             source = f"broadcast from {self.host}:{self.port}, bucket {index + 1}"
             yield from unpack_bucket(flat, metas, verify, source=source)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import ray
@@ -26,9 +27,14 @@ from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, unpack_b
 from hybrid.transport.errors import TransportError
 
 
-def put_version(weights: Weights, bucket_bytes: int) -> list[ray.ObjectRef]:
-    """Put the stream into the object store, one object per bucket; the refs in stream order."""
-    return [ray.put((flat.numpy(), metas)) for flat, metas in iter_buckets(weights, bucket_bytes)]
+def put_version(
+    weights: Weights, bucket_bytes: int, checksums: bool = True, **packing: Any
+) -> list[ray.ObjectRef]:
+    """Put the stream into the object store, one object per bucket (with each tensor's digest
+    when `checksums`); the refs in stream order. `packing`: `iter_buckets`'s keyword options
+    (a staging buffer is safe: `ray.put` copies the bucket before the next is packed)."""
+    buckets = iter_buckets(weights, bucket_bytes, checksums, **packing)
+    return [ray.put((flat.numpy(), metas)) for flat, metas in buckets]
 
 
 def get_version(
@@ -40,9 +46,10 @@ def get_version(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield the stream `put_version` stored, verifying each tensor's checksum with `verify`.
 
-    Fetches one bucket at a time, so that at most one bucket is resident beyond the tensors the
-    consumer keeps. The tensors are fresh copies: the object store's memory is read-only and is
-    released once the bucket has been unpacked. `version` only names the source in errors.
+    Fetches one bucket at a time. The tensors are read-only views into the object store's
+    shared memory, not copies (the loader copies each into the engine, so one more copy would
+    only cost time): the consumer must not write to them. A bucket's memory is released once
+    none of its tensors is referenced any more. `version` only names the source in errors.
     Raises `TransportError` if a bucket takes longer than `timeout_s` or is gone (its owner,
     the publisher, died).
     """
@@ -58,13 +65,15 @@ def get_version(
         flat = _read_only_tensor(array)
         unpacked = unpack_bucket(flat, _checked_metas(metas, source), verify, source=source)
         del array, flat
-        for name, tensor in unpacked:
-            yield name, tensor.clone()
+        # Hand over and forget: the bucket lives only as long as the consumer keeps a tensor.
+        unpacked.reverse()
+        while unpacked:
+            yield unpacked.pop()
 
 
 def _read_only_tensor(array: np.ndarray) -> torch.Tensor:
     # The object store hands out a read-only buffer; torch warns that it cannot enforce that.
-    # Nothing writes to this tensor: it is only viewed, digested and cloned.
+    # Nothing writes to this tensor: it is only viewed, digested and copied from.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(array)

@@ -8,6 +8,7 @@ import torch
 
 from hybrid.transport.buckets import (
     ALIGN_BYTES,
+    Staging,
     as_bytes,
     iter_buckets,
     tensor_digest,
@@ -125,3 +126,48 @@ def test_digest_changes_with_any_bit() -> None:
 def test_bucket_bytes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="bucket_bytes"):
         list(iter_buckets([("w", torch.ones(1))], 0))
+
+
+@pytest.mark.parametrize("bucket_bytes", [40, 1 << 20])
+def test_cast_while_packing_equals_casting_first(bucket_bytes: int) -> None:
+    """`cast_to` casts floating tensors in the copy into the bucket, bit-identical to casting
+    them before; integer and bool tensors keep their dtype."""
+    weights = mixed_weights()
+    cast_first = [
+        (name, t.to(torch.bfloat16) if t.is_floating_point() else t) for name, t in weights
+    ]
+    packed = [
+        pair
+        for flat, metas in iter_buckets(weights, bucket_bytes, cast_to=torch.bfloat16)
+        for pair in unpack_bucket(flat, metas)
+    ]
+    assert_same_stream(packed, cast_first)
+    # The digests are those of the cast bytes, so a receiver's check still holds.
+    for flat, metas in iter_buckets(weights, bucket_bytes, cast_to=torch.bfloat16):
+        for meta, (name, tensor) in zip(metas, unpack_bucket(flat, metas), strict=True):
+            assert meta.checksum == tensor_digest(tensor), name
+
+
+def test_staged_buckets_reuse_one_buffer_and_round_trip() -> None:
+    """With a Staging, every bucket is a view into the same buffer (no fresh memory per
+    bucket), and a consumer that copies each bucket before the next still gets every byte."""
+    weights = mixed_weights()
+    staging = Staging()
+    staging.take(1024)  # what the first stream would grow it to
+    buffer = staging.buffer.data_ptr()
+    pointers, received = [], []
+    for flat, metas in iter_buckets(weights, 1024, staging=staging):
+        pointers.append(flat.data_ptr())
+        received += [(name, t.clone()) for name, t in unpack_bucket(flat, metas)]
+    assert len(pointers) >= 2 and set(pointers) == {buffer}
+    assert_same_stream(received, weights)
+
+
+def test_buckets_without_checksums_skip_only_the_digest() -> None:
+    """`checksums=False` leaves the digests out (None) and the receiver then has nothing to
+    check; the bytes still round-trip exactly."""
+    weights = mixed_weights()
+    buckets = list(iter_buckets(weights, 1 << 20, checksums=False))
+    assert all(meta.checksum is None for _, metas in buckets for meta in metas)
+    flat, metas = buckets[0]
+    assert_same_stream(unpack_bucket(flat, metas), weights)
