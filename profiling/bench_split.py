@@ -44,6 +44,14 @@ VARIANTS = {
 }
 TRANSPORTS = ("nccl", "memory", "checkpoint")
 WARM_SYNCS = 2
+SYNC_RUN_SIZE = [
+    "data.train_batch_size=2",
+    "rollout.n=2",
+    "algorithm.ppo_mini_batch_size=2",
+    "actor.micro_batch_size=4",
+    "ref.micro_batch_size=4",
+]
+"""The sync runs only need steps to publish between: the smallest batch keeps them short."""
 """Sync rows left out of the medians: the first publishes fault in fresh memory (staging
 buffers, the object store's pages) that later ones reuse."""
 
@@ -70,6 +78,7 @@ def main() -> None:
     parser.add_argument("--sync-steps", type=int, default=8)
     parser.add_argument("--skip-sync", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
     parser.add_argument(
         "--sync-dtype",
         default="bfloat16",
@@ -83,7 +92,11 @@ def main() -> None:
             report.update(throughputs(Path(tmp) / "throughput", args))
         if not args.skip_sync:
             report["sync"] = sync_costs(
-                Path(tmp) / "sync", args.sync_preset, args.sync_steps, args.sync_dtype
+                Path(tmp) / "sync",
+                args.sync_preset,
+                args.sync_steps,
+                args.sync_dtype,
+                args.transports,
             )
     print(json.dumps(report))
 
@@ -116,19 +129,23 @@ def throughputs(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def sync_costs(root: Path, preset: str, steps: int, dtype_name: str) -> dict[str, Any]:
+def sync_costs(
+    root: Path, preset: str, steps: int, dtype_name: str, transports: list[str]
+) -> dict[str, Any]:
     """Part 2: each transport's sync against the floors of `sync_floors.py`."""
     prepare(root, preset)
     dtype = getattr(torch, dtype_name)
     weights = load_weights(root / "model")
     memcpy, nbytes = memcpy_floor(weights, dtype)
-    floors = {
-        "memory": memory_floor(weights, dtype),
-        "nccl": nccl_floor(root / "model", dtype),
-        "checkpoint": checkpoint_floor(weights, dtype, root / "floor"),
-    }
+    floors: dict[str, float] = {}
+    if "memory" in transports:
+        floors["memory"] = memory_floor(weights, dtype)
+    if "nccl" in transports:
+        floors["nccl"] = nccl_floor(root / "model", dtype)
+    if "checkpoint" in transports:
+        floors["checkpoint"] = checkpoint_floor(weights, dtype, root / "floor")
     del weights
-    engine = [f"rollout.dtype={dtype_name}", "sync.strategy=auto"]
+    engine = [f"rollout.dtype={dtype_name}", "sync.strategy=auto", *SYNC_RUN_SIZE]
     rows = run(root, "colocated_sync", steps, ["trainer.num_workers=1", *engine])[WARM_SYNCS:]
     colocated = statistics.median(r["timing_s/sync_gather"] + r["timing_s/sync_load"] for r in rows)
     costs: dict[str, Any] = {
@@ -140,7 +157,7 @@ def sync_costs(root: Path, preset: str, steps: int, dtype_name: str) -> dict[str
         f"{nbytes / 2**20:.0f} MiB of {dtype_name}: memcpy floor {memcpy:.3f} s, "
         f"colocated in-process sync (gather + load into vLLM) {colocated:.3f} s"
     )
-    for method in TRANSPORTS:
+    for method in transports:
         overrides = ["trainer.placement=split", f"sync.method={method}", *engine]
         rows = run(root, f"sync_{method}", steps, overrides)[WARM_SYNCS:]
         per_sync = [

@@ -85,8 +85,9 @@ class ExplorerWorker(Worker):
         self.version = -1
         """The weight version in the engine (-1: the dummy weights it started with)."""
         self._broadcast: BroadcastGroup | None = None
-        self._staging = Staging()
-        """Receive buffer of the broadcast transport, kept between syncs."""
+        self._staging = Staging(slots=2)
+        """Receive buffers of the broadcast transport, kept between syncs (two: one bucket
+        loads into the engine while the next arrives)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_engine(self) -> None:

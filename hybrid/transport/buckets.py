@@ -90,21 +90,29 @@ def group_by_size(
 
 
 class Staging:
-    """A sender's bucket memory, kept from one publish to the next.
+    """Bucket memory kept from one sync to the next: `slots` buffers, taken in turn.
 
     Writing into fresh memory costs a page fault per 4 KiB page, about as much as the copy
-    itself; a buffer that stays mapped pays that once per run. It grows to the largest bucket
-    asked for.
+    itself; buffers that stay mapped pay that once per run. Two slots let one bucket be
+    packed (or loaded) while the previous one is on the wire. Each slot grows to the largest
+    bucket asked of it.
     """
 
-    def __init__(self) -> None:
-        self.buffer = torch.empty(0, dtype=torch.uint8)
+    def __init__(self, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots = slots
+        self._buffers = [torch.empty(0, dtype=torch.uint8) for _ in range(slots)]
+        self._next = 0
 
     def take(self, nbytes: int) -> torch.Tensor:
-        """A flat uint8 view of `nbytes`, valid until the next `take`."""
-        if self.buffer.numel() < nbytes:
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
-        return self.buffer[:nbytes]
+        """A flat uint8 view of `nbytes` in the next slot, valid until that slot comes round
+        again (`slots` takes later)."""
+        index = self._next
+        self._next = (index + 1) % self.slots
+        if self._buffers[index].numel() < nbytes:
+            self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffers[index][:nbytes]
 
 
 def iter_buckets(
@@ -119,9 +127,9 @@ def iter_buckets(
     tensor's digest when `checksums`.
 
     `cast_to` casts floating-point tensors on their way into the bucket (one pass instead of
-    a cast and a copy). With `staging`, every bucket is a view into its buffer and is
-    overwritten by the next one: the consumer must be done with a bucket (sent or copied it)
-    before it asks for the next. Holds at most one bucket's worth of source tensors plus the
+    a cast and a copy). With `staging`, every bucket is a view into one of its slots and is
+    overwritten `staging.slots` buckets later: the consumer must be done with a bucket (sent
+    or copied it) before then. Holds at most one bucket's worth of source tensors plus the
     bucket being filled.
     """
     for group in group_by_size(weights, bucket_bytes, align=ALIGN_BYTES):

@@ -18,10 +18,12 @@ Needs: a `host:port` that rank 0 can listen on and every receiver can reach.
 
 from __future__ import annotations
 
-import itertools
 import json
+import queue
 import socket
-from collections.abc import Iterator
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
@@ -88,17 +90,33 @@ class BroadcastGroup:
         self, weights: Weights, bucket_bytes: int, checksums: bool = True, **packing: Any
     ) -> int:
         """Broadcast the stream to every receiver (rank 0 only), with each tensor's digest when
-        `checksums`; return the bucket bytes sent. `packing`: `iter_buckets`'s keyword options
-        (a staging buffer is safe: each broadcast completes before the next bucket is packed)."""
+        `checksums`; return the bucket bytes sent. `packing`: `iter_buckets`'s keyword options.
+
+        Pipelined: bucket i is on the wire while bucket i+1 is packed; at most two buckets
+        are in flight (with a `staging` of fewer than two slots, one: a slot is only packed
+        again once its broadcast is done).
+        """
         if self.rank != 0:
             raise RuntimeError(f"{self}: only rank 0 sends")
+        staging: Staging | None = packing.get("staging")
+        depth = min(2, staging.slots) if staging is not None else 2
+        in_flight: deque[list[tuple[Any, torch.Tensor]]] = deque()
         sent = 0
         for flat, metas in iter_buckets(weights, bucket_bytes, checksums, **packing):
             header = json.dumps([asdict(m) for m in metas]).encode()
-            self._broadcast(torch.tensor([len(header), flat.numel()], dtype=torch.int64))
-            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
-            self._broadcast(flat)
+            in_flight.append(
+                [
+                    self._start(torch.tensor([len(header), flat.numel()], dtype=torch.int64)),
+                    self._start(torch.frombuffer(bytearray(header), dtype=torch.uint8)),
+                    self._start(flat),
+                ]
+            )
             sent += flat.numel()
+            # The next bucket is packed into the slot of the oldest one in flight.
+            while len(in_flight) >= depth:
+                self._finish(in_flight.popleft())
+        while in_flight:
+            self._finish(in_flight.popleft())
         self._broadcast(torch.zeros(2, dtype=torch.int64))
         return sent
 
@@ -107,10 +125,11 @@ class BroadcastGroup:
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield the stream rank 0 sends, in order, until its end (receivers only).
 
-        With `staging` (CPU groups), buckets are received into its buffer and the tensors are
-        views that the next bucket overwrites: a consumer that copies each tensor as it comes
+        With `staging` (CPU groups), buckets are received into its slots and the tensors are
+        views that a later bucket overwrites: a consumer that copies each tensor as it comes
         (the engine's loaders do) saves an allocation per bucket; one that keeps them must not
-        pass `staging`.
+        pass `staging`. With two slots or more, a thread receives the next bucket while the
+        consumer copies out the current one.
 
         Raises `TransportError` if nothing arrives within the group's timeout or the sender
         dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest
@@ -120,19 +139,62 @@ class BroadcastGroup:
         """
         if self.rank == 0:
             raise RuntimeError(f"{self}: rank 0 sends, it cannot receive")
-        for index in itertools.count():
+        if staging is None or self.device.type != "cpu":
+            buckets = self._buckets(lambda n: self._receive_buffer(n, torch.uint8))
+        elif staging.slots < 2:
+            buckets = self._buckets(lambda n: self._receive_into(staging.take(n)))
+        else:
+            buckets = self._prefetched_buckets(staging)
+        for index, (flat, metas) in enumerate(buckets):
+            source = f"broadcast from {self.host}:{self.port}, bucket {index + 1}"
+            yield from unpack_bucket(flat, metas, verify, source=source)
+
+    def _buckets(
+        self, receive_flat: Callable[[int], torch.Tensor]
+    ) -> Iterator[tuple[torch.Tensor, list[TensorMeta]]]:
+        """The buckets of one stream, each received when asked for."""
+        while True:
             header_len, bucket_len = self._receive_buffer(2, torch.int64).tolist()
             if header_len == 0:
                 return
             header = self._receive_buffer(header_len, torch.uint8)
-            if staging is not None and self.device.type == "cpu":
-                flat = staging.take(bucket_len)
-                self._broadcast(flat)
-            else:
-                flat = self._receive_buffer(bucket_len, torch.uint8)
-            metas = [_meta_from_json(m) for m in json.loads(header.numpy().tobytes())]
-            source = f"broadcast from {self.host}:{self.port}, bucket {index + 1}"
-            yield from unpack_bucket(flat, metas, verify, source=source)
+            flat = receive_flat(bucket_len)
+            yield flat, [_meta_from_json(m) for m in json.loads(header.numpy().tobytes())]
+
+    def _prefetched_buckets(
+        self, staging: Staging
+    ) -> Iterator[tuple[torch.Tensor, list[TensorMeta]]]:
+        """`_buckets` run ahead by a thread, into the staging slots: a slot is received into
+        again only after the consumer has asked for the bucket that follows it."""
+        ready: queue.Queue[Any] = queue.Queue()
+        free_slots = threading.Semaphore(staging.slots)
+        abandoned = threading.Event()
+
+        def take_slot(nbytes: int) -> torch.Tensor:
+            while not free_slots.acquire(timeout=0.5):
+                if abandoned.is_set():
+                    raise TransportError(f"{self}: the consumer stopped reading")
+            return self._receive_into(staging.take(nbytes))
+
+        def run() -> None:
+            try:
+                for bucket in self._buckets(take_slot):
+                    ready.put(bucket)
+                ready.put(None)
+            except BaseException as e:  # handed to the consumer, raised there
+                ready.put(e)
+
+        thread = threading.Thread(target=run, name="broadcast-receive", daemon=True)
+        thread.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                free_slots.release()  # the consumer is done with that bucket's slot
+        finally:
+            abandoned.set()
+            thread.join(timeout=1.0)
 
     def close(self) -> None:
         """Leave the group (idempotent). Peers still waiting on this rank then fail."""
@@ -168,18 +230,38 @@ class BroadcastGroup:
         self._broadcast(buffer)
         return buffer.cpu()
 
+    def _receive_into(self, buffer: torch.Tensor) -> torch.Tensor:
+        self._broadcast(buffer)
+        return buffer
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast `tensor` from rank 0 (a CPU tensor is copied to the device first)."""
+        self._finish([self._start(tensor)])
+
+    def _start(self, tensor: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Start broadcasting `tensor` from rank 0; (work, the tensor on the device) -- the
+        tensor must stay alive until the work is done."""
         if self._pg is None:
             raise TransportError(f"{self} is closed")
         options = dist.BroadcastOptions()
         options.rootRank = 0
         options.rootTensor = 0
         options.timeout = timedelta(seconds=self.timeout_s)
+        on_device = tensor.to(self.device)
         try:
-            self._pg.broadcast([tensor.to(self.device)], options).wait()
+            return self._pg.broadcast([on_device], options), on_device
         except RuntimeError as e:
             raise TransportError(f"{self}: broadcast failed (peer dead or timed out): {e}") from e
+
+    def _finish(self, started: list[tuple[Any, torch.Tensor]]) -> None:
+        """Wait for broadcasts begun by `_start`, in order."""
+        try:
+            for work, _ in started:
+                work.wait()
+        except RuntimeError as e:
+            raise TransportError(f"{self}: broadcast failed (peer dead or timed out): {e}") from e
+        finally:
+            started.clear()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -37,7 +37,7 @@ class TrainerWorker(ActorWorker):
     _broadcast: BroadcastGroup | None = None
 
     def _init_rollout(self) -> None:
-        self._staging = Staging()
+        self._staging = Staging(slots=2)  # one bucket packs while the previous one is sent
         logger.info("trainer rank %d ready (pid %d)", self.rank, os.getpid())
 
     @property

@@ -3,7 +3,8 @@
 `memory`: one actor puts a version into the object store, the test process and another actor
 read it back bit for bit. `collective`: three actors, each with a default gloo group of its own,
 form a BroadcastGroup over 127.0.0.1; rank 0 sends, the others receive the identical stream and
-their default groups still work afterwards; a receiver whose sender never sends times out.
+their default groups still work afterwards (with fresh, reused and double-buffered bucket
+memory); a receiver whose sender never sends times out, one whose sender dies fails fast.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from hybrid.transport import (
     BroadcastGroup,
+    Staging,
     TransportError,
     free_port,
     get_version,
@@ -83,11 +85,14 @@ class Peer:
     def read(self, refs: list[ray.ObjectRef]) -> list[tuple[str, torch.Tensor]]:
         return list(get_version(refs, version=1))
 
-    def broadcast(self, port: int, rank: int, world_size: int) -> Any:
+    def broadcast(self, port: int, rank: int, world_size: int, slots: int = 0) -> Any:
+        """Send or receive the stream; `slots` > 0: through a Staging of that many slots on
+        both sides (a receiver then copies each tensor as it arrives, as the loaders do)."""
+        staging = Staging(slots) if slots else None
         with BroadcastGroup(HOST, port, rank, world_size, timeout_s=60) as group:
             if rank == 0:
-                return group.send(mixed_weights(), BUCKET_BYTES)
-            return list(group.receive())
+                return group.send(mixed_weights(), BUCKET_BYTES, staging=staging)
+            return [(name, t.clone()) for name, t in group.receive(staging=staging)]
 
     def join_and_stay_silent(self, port: int, timeout_s: float) -> None:
         self.idle_group = BroadcastGroup(HOST, port, 0, 2, timeout_s=timeout_s)
@@ -97,11 +102,14 @@ class Peer:
             self.idle_group.close()
             self.idle_group = None
 
-    def receive_until_error(self, port: int, timeout_s: float) -> tuple[str, float]:
+    def receive_until_error(
+        self, port: int, timeout_s: float, slots: int = 0
+    ) -> tuple[str, float]:
+        staging = Staging(slots) if slots else None
         with BroadcastGroup(HOST, port, 1, 2, timeout_s=timeout_s) as group:
             start = time.monotonic()
             try:
-                list(group.receive())
+                list(group.receive(staging=staging))
             except TransportError as e:
                 return str(e), time.monotonic() - start
         raise AssertionError("receive() returned although nothing was sent")
@@ -124,10 +132,15 @@ def test_memory_round_trip_through_the_object_store(peers: list[Any]) -> None:
     assert_same_stream(ray.get(reader.read.remote(refs)))  # in another actor
 
 
-def test_broadcast_delivers_identical_tensors_beside_the_default_group(peers: list[Any]) -> None:
+@pytest.mark.parametrize("slots", [0, 1, 2], ids=["fresh", "one-slot", "two-slots-prefetch"])
+def test_broadcast_delivers_identical_tensors_beside_the_default_group(
+    peers: list[Any], slots: int
+) -> None:
+    """Fresh buffers per bucket, one reused buffer, and two slots (the sender packs while a
+    bucket is on the wire, a receiver thread fetches the next one while this one is read)."""
     port = free_port(HOST)
     sent, *received = ray.get(
-        [peer.broadcast.remote(port, rank, len(peers)) for rank, peer in enumerate(peers)]
+        [peer.broadcast.remote(port, rank, len(peers), slots) for rank, peer in enumerate(peers)]
     )
     assert sent > 4 * BUCKET_BYTES // 2
     for stream in received:
@@ -147,12 +160,14 @@ def test_a_receiver_whose_sender_never_sends_times_out(peers: list[Any]) -> None
     assert ray.get(receiver.default_group_works.remote())
 
 
-def test_a_receiver_whose_sender_dies_fails_fast(peers: list[Any]) -> None:
+@pytest.mark.parametrize("slots", [0, 2], ids=["in-line", "prefetch-thread"])
+def test_a_receiver_whose_sender_dies_fails_fast(peers: list[Any], slots: int) -> None:
+    """Also when the receive runs on the prefetch thread: its error reaches the consumer."""
     doomed = Peer.remote(free_port(HOST))  # type: ignore[attr-defined]
     receiver = peers[1]
     port = free_port(HOST)
     joined = doomed.join_and_stay_silent.remote(port, 60)
-    receiving = receiver.receive_until_error.remote(port, 60)
+    receiving = receiver.receive_until_error.remote(port, 60, slots)
     ray.get(joined)
     ray.kill(doomed)
     message, waited = ray.get(receiving)

@@ -148,19 +148,28 @@ def test_cast_while_packing_equals_casting_first(bucket_bytes: int) -> None:
             assert meta.checksum == tensor_digest(tensor), name
 
 
-def test_staged_buckets_reuse_one_buffer_and_round_trip() -> None:
-    """With a Staging, every bucket is a view into the same buffer (no fresh memory per
-    bucket), and a consumer that copies each bucket before the next still gets every byte."""
-    weights = mixed_weights()
-    staging = Staging()
-    staging.take(1024)  # what the first stream would grow it to
-    buffer = staging.buffer.data_ptr()
+@pytest.mark.parametrize("slots", [1, 2])
+def test_staged_buckets_take_the_slots_in_turn_and_round_trip(slots: int) -> None:
+    """With a Staging, every bucket is a view into one of its slots, taken in turn (no fresh
+    memory per bucket), and a consumer that copies each bucket in time still gets every byte."""
+    g = torch.Generator().manual_seed(0)
+    weights = [(f"w{i}", torch.randn(64, generator=g)) for i in range(10)]  # 2 per 512 B bucket
+    staging = Staging(slots)
+    for _ in range(slots):
+        staging.take(512)  # what the first stream would grow them to
+    buffers = [staging.take(512).data_ptr() for _ in range(slots)]
     pointers, received = [], []
-    for flat, metas in iter_buckets(weights, 1024, staging=staging):
+    for flat, metas in iter_buckets(weights, 512, staging=staging):
         pointers.append(flat.data_ptr())
         received += [(name, t.clone()) for name, t in unpack_bucket(flat, metas)]
-    assert len(pointers) >= 2 and set(pointers) == {buffer}
+    assert len(pointers) == 5
+    assert pointers == [buffers[i % slots] for i in range(len(pointers))]
     assert_same_stream(received, weights)
+
+
+def test_staging_refuses_zero_slots() -> None:
+    with pytest.raises(ValueError, match="slots"):
+        Staging(0)
 
 
 def test_buckets_without_checksums_skip_only_the_digest() -> None:
