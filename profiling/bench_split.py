@@ -1,11 +1,13 @@
 """Split placement against colocated, on the same cores, and what each weight transport costs.
 
-Part 1 (throughput): the demo config (arithmetic task) on `--preset` run three ways,
-interleaved round by round so that the machine's drift hits all alike:
+Part 1 (throughput): the demo config (arithmetic task) on `--preset`, with 16-token responses
+(`THROUGHPUT_RUN`), run three ways, interleaved round by round so that the machine's drift hits
+all alike:
   colocated            2 workers, each generating and training in turn
   split on-policy      1 explorer + 1 trainer, fixed interval 1 offset 0 (lag 0)
   split one-step-off   the same with offset 1 (generation of step k+1 overlaps update k)
-Each prints the median step period (after `--warmup` steps) and generated tokens per second;
+Each prints the median step period (after `--warmup` steps), generated tokens per second and
+the median generation and update times;
 the last lines give one-step-off / on-policy and split / colocated tokens/s (target: one-step-
 off >= 1.4x on-policy).
 
@@ -17,7 +19,8 @@ same medium (`sync_floors.py`: cast, move one flat buffer, copy out) and against
 floor under all of them; the colocated in-process sync is printed beside them. Target: each
 transport <= 2x its medium's floor. Last line: a JSON object with everything.
 
-    python profiling/bench_split.py [--steps 12] [--rounds 2] [--preset tiny] [overrides...]
+    python profiling/bench_split.py [--steps 16] [--rounds 3] [--preset tiny] [overrides...]
+    python profiling/bench_split.py --skip-throughput --transports nccl
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from bench_step import compose_run, prepare
 from bench_step import run as run_any
 from sync_floors import checkpoint_floor, load_weights, memcpy_floor, memory_floor, nccl_floor
 
+THROUGHPUT_RUN = ["rollout.response_length=16"]
+"""Responses long enough that generation weighs about as much as the update: one-step-off can
+only hide the shorter of the two (the demo's 4-token answers make generation a fifth of the
+step, and the overlap could then win at most ~1.2x)."""
 VARIANTS = {
     "colocated": ["trainer.num_workers=2"],
     "split_on_policy": ["trainer.placement=split", "sync.offset=0"],
@@ -63,16 +70,20 @@ def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[st
 
 
 def throughput(rows: list[dict[str, Any]], samples_per_step: int) -> dict[str, float]:
+    """Median step period and tokens/s, and the two halves that one-step-off overlaps."""
     step = statistics.median(r["timing_s/step"] for r in rows)
     tokens = statistics.median(r["response_length/mean"] for r in rows) * samples_per_step
-    return {"step_s": round(step, 4), "tokens_per_s": round(tokens / step, 1)}
+    out = {"step_s": round(step, 4), "tokens_per_s": round(tokens / step, 1)}
+    for key in ("gen", "update_actor"):
+        out[f"{key}_s"] = round(statistics.median(r[f"timing_s/{key}"] for r in rows), 4)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
     parser.add_argument("--sync-preset", default="bench-100m", choices=["tiny", "bench-100m"])
     parser.add_argument("--sync-steps", type=int, default=8)
@@ -105,18 +116,21 @@ def throughputs(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Part 1: the three variants, interleaved round by round."""
     report: dict[str, Any] = {}
     prepare(root, args.preset)
-    cfg = compose_run(root, "config", args.steps, args.overrides)
+    overrides = [*THROUGHPUT_RUN, *args.overrides]
+    cfg = compose_run(root, "config", args.steps, overrides)
     per_step = cfg.data.train_batch_size * cfg.rollout.n
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
     for round_index in range(args.rounds):
-        for name, overrides in VARIANTS.items():
-            rows = run(root, f"{name}_{round_index}", args.steps, [*overrides, *args.overrides])
+        for name, variant in VARIANTS.items():
+            rows = run(root, f"{name}_{round_index}", args.steps, [*variant, *overrides])
             measured[name] += rows[args.warmup :]
             print(f"round {round_index + 1} {name}: {throughput(rows[args.warmup :], per_step)}")
     for name, rows in measured.items():
         report[name] = throughput(rows, per_step)
+        got = report[name]
         print(
-            f"{name:20s} step {report[name]['step_s']:.3f} s  {report[name]['tokens_per_s']:.0f} tokens/s"
+            f"{name:20s} step {got['step_s']:.3f} s  {got['tokens_per_s']:.0f} tokens/s  "
+            f"(gen {got['gen_s']:.3f} s, update {got['update_actor_s']:.3f} s)"
         )
     off, on = report["split_one_step_off"], report["split_on_policy"]
     report["one_step_off_over_on_policy"] = round(off["tokens_per_s"] / on["tokens_per_s"], 3)

@@ -98,8 +98,10 @@ def memcpy_floor(weights: Weights, dtype: torch.dtype, repeats: int = 5) -> tupl
 
 def memory_floor(weights: Weights, dtype: torch.dtype, repeats: int = 5) -> float:
     """Cast, `ray.put` the flat bytes, `ray.get` them, copy out; starts and stops a local Ray
-    (call it when no other Ray instance runs in this process)."""
+    of one CPU (a Ray already running in this process is shut down first)."""
     sides = _Sides(weights, dtype)
+    if ray.is_initialized():  # left by a training run in this process: start a bare one
+        ray.shutdown()
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
     try:
         alive: list[ray.ObjectRef] = []

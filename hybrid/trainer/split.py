@@ -178,15 +178,17 @@ class SplitTrainer(GRPOTrainer):
     # --- the loops -------------------------------------------------------------------------
 
     def run_steps(self, sinks: Sinks) -> dict[str, float]:
-        """The two loops (trainer.val_before_train does not apply: the explorers hold no
-        weights before the first sync)."""
+        """The starting weights into the explorers, validation before training (on them),
+        then the two loops."""
         c = self.config
         self.sides.start(self.step)
         self.explorer_loop = ExplorerLoop(self, self.step + 1, c.trainer.total_steps)
-        self.explorer_loop.start()
         metrics: dict[str, float] = {}
         try:
-            self.sides.initial_publish(self.step)
+            self.sides.initial_sync(self.step, first_explorer_step=self.step + 1)
+            if c.trainer.val_before_train and self.val_data is not None and self.step == 0:
+                sinks.log(0, self.validate())
+            self.explorer_loop.start()
             while self.step < c.trainer.total_steps:
                 self.step += 1
                 metrics = self.train_step()
@@ -211,8 +213,8 @@ class SplitTrainer(GRPOTrainer):
     def root_cause(self, error: BaseException) -> BaseException:
         """A dead explorer makes the trainer's next sync or take fail too (a closed
         connection, a closed buffer): report the death, which names the explorer, instead."""
-        if isinstance(error, WorkerDiedError):
-            return error
+        if isinstance(error, WorkerDiedError) or self.explorer_loop.ident is None:
+            return error  # the explorer loop never started
         self.explorer_loop.join(timeout=DEATH_GRACE_S)
         died = self.explorer_loop.error
         return died if isinstance(died, WorkerDiedError) else error
@@ -321,8 +323,13 @@ class SplitTrainer(GRPOTrainer):
         return gen_s
 
     def generate_greedy(self, batch: Batch) -> Batch:
-        """Validation runs on the explorers, with the weights they hold."""
-        return self.explorers.generate_sequences(batch, greedy=True)
+        """Validation runs on the explorers, with the weights they hold (never the dummy
+        weights an engine starts with: the starting version is loaded before anything runs)."""
+        out = self.explorers.generate_sequences(batch, greedy=True)
+        held = out.tensors["versions"][out.tensors["response_mask"].bool()]
+        if held.numel() and int(held.min()) < 0:
+            raise RuntimeError("validation ran on an explorer that holds no weight version yet")
+        return out
 
     def save(self, loader_state: dict[str, int] | None = None) -> None:
         # The loader has run ahead with the explorer: store its position after this step's

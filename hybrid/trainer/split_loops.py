@@ -16,6 +16,7 @@ explorer's next step, a wait the staleness bound requires fails naming the other
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,14 +185,32 @@ class SyncSides:
         self._set("trainer", RUNNING, version, note="start")
         self._set("explorer", RUNNING, -1, note="start")
 
-    def initial_publish(self, version: int) -> None:
-        """The weights the explorer starts from (0, or the resumed step)."""
+    def initial_sync(self, version: int, first_explorer_step: int) -> None:
+        """Both sides at once, before either loop runs: the trainer publishes the weights the
+        explorer starts from (0, or the resumed step) and the explorer loads them (nccl needs
+        the two halves at the same time, so the explorer's runs on a thread of its own). A
+        side that fails is marked stopped, which wakes the other at once."""
         if self.channel.method == "checkpoint":
             self.channel.trainer.prepare_checkpoint_dir(version)
-        if not self.nccl:
-            self.times.publish_s += self.channel.publish(version)
-            return
-        self._broadcast(version)
+        with ThreadPoolExecutor(1, thread_name_prefix="initial-sync") as pool:
+            explorer = pool.submit(
+                self._stopping_on_error, "explorer", self.explorer_sync, first_explorer_step
+            )
+            if self.nccl:
+                self._stopping_on_error("trainer", self._broadcast, version)
+            else:
+                self.times.publish_s += self._stopping_on_error(
+                    "trainer", self.channel.publish, version
+                )
+            explorer.result()
+
+    def _stopping_on_error(self, side: str, work: Any, *args: Any) -> Any:
+        try:
+            return work(*args)
+        except BaseException as error:
+            reason = f"initial sync failed: {type(error).__name__}: {error}"
+            ray.get(self.sync.stop.remote(side, reason))
+            raise
 
     # --- explorer side -------------------------------------------------------------------
 

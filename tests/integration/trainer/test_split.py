@@ -83,7 +83,7 @@ def timeline(out: Path) -> list[Transition]:
 
 
 def check_run(out: Path, method: str, style: str, offset: int) -> list[dict]:
-    metrics = read_metrics(out)
+    metrics = [m for m in read_metrics(out) if m["step"] > 0]  # step 0: validation only
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     # Step 1 trains on samples of version 0, which the transport had to bring.
     assert metrics[0]["rollout/fresh_tokens"] > 0
@@ -168,7 +168,16 @@ def test_three_transports_give_identical_engine_weights(on_policy_runs: dict[str
 
 @pytest.mark.parametrize(("method", "style", "offset"), DEFAULT_CELLS)
 def test_split_cell(assets: Path, tmp_path: Path, method: str, style: str, offset: int) -> None:
-    run_cell(assets, tmp_path / "run", method, style, offset)
+    """With validation before training: the explorers load version 0 before it runs (a
+    validation on the engine's dummy weights would raise)."""
+    out = tmp_path / "run"
+    val = [f"data.val_files=[{assets / 'test.jsonl'}]", "trainer.val_before_train=true"]
+    run_cell(assets, out, method, style, offset, *val)
+    first = read_metrics(out)[0]
+    assert first["step"] == 0 and first["val/num_prompts"] == 8, first
+    assert 0.0 <= first["val/reward_mean"] <= 1.0
+    loads = [e.version for e in timeline(out) if e.side == "explorer" and e.old.value != "running"]
+    assert loads[1] == 0, loads  # after the start: the first load is version 0
 
 
 @pytest.mark.full

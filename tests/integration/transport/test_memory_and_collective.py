@@ -102,9 +102,7 @@ class Peer:
             self.idle_group.close()
             self.idle_group = None
 
-    def receive_until_error(
-        self, port: int, timeout_s: float, slots: int = 0
-    ) -> tuple[str, float]:
+    def receive_until_error(self, port: int, timeout_s: float, slots: int = 0) -> tuple[str, float]:
         staging = Staging(slots) if slots else None
         with BroadcastGroup(HOST, port, 1, 2, timeout_s=timeout_s) as group:
             start = time.monotonic()
