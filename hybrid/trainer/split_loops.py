@@ -16,6 +16,7 @@ explorer's next step, a wait the staleness bound requires fails naming the other
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,7 +205,8 @@ class SyncSides:
                 )
             explorer.result()
 
-    def _stopping_on_error(self, side: str, work: Any, *args: Any) -> Any:
+    def _stopping_on_error(self, side: str, work: Callable[..., Any], *args: Any) -> Any:
+        """`work(*args)`; if it raises, `side` is marked stopped first (waking the other)."""
         try:
             return work(*args)
         except BaseException as error:

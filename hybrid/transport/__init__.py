@@ -1,6 +1,7 @@
 """Moving full weight tensors from the trainer's rank 0 to the explorers (DESIGN.md, "Decoupled
 modes"). Knows no trainer, explorer, model or sharding class: it moves a stream of
-`(hf_name, full CPU tensor)` pairs and hands the same stream, bit for bit, to the receiver.
+`(hf_name, full tensor)` pairs and hands the same stream, bit for bit (cast to the engine's
+dtype on the way when asked), to the receiver.
 
 Three transports, one module each, all packing the stream with `buckets`:
 - `memory`: buckets in Ray's object store; the version is a list of ObjectRefs that the
@@ -11,8 +12,8 @@ Three transports, one module each, all packing the stream with `buckets`:
 - `collective` (the `nccl` transport; gloo on CPU): a broadcast group of its own, apart from
   the default process group, from rank 0 to the explorer ranks. Needs a port on the sender's
   host that every receiver can reach.
-Every receiver verifies each tensor's digest (`TransportChecksumError` on a mismatch); waits
-have deadlines and fail with `TransportError` naming the other side.
+Receivers verify each tensor's digest when asked to (`sync.verify_checksum`;
+`TransportChecksumError` on a mismatch); waits have deadlines and fail with `TransportError` naming the other side.
 """
 
 from hybrid.transport.buckets import (

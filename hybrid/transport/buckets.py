@@ -1,15 +1,16 @@
 """Packing a weight stream into flat byte buckets and back (pure, no Ray, no sockets).
 
 A weight stream is an iterable of `(hf_name, full_tensor)` pairs of tensors of any dtype
-(bfloat16 included) on any device; buckets are CPU tensors. `iter_buckets` groups consecutive tensors into flat `uint8` tensors of at
-most `bucket_bytes` each (a tensor larger than that gets a bucket of its own) and describes
-each tensor with a `TensorMeta`: where its bytes lie in the bucket and, when the sender asks
-for them (`sync.verify_checksum`), their CRC-32. `unpack_bucket` gives the tensors back, bit
-for bit, and checks every digest the sender wrote. Digests are opt-in because hashing is the
-transports' largest cost after the copies (CRC-32 runs at ~3 GB/s, a copy at ~20).
+(bfloat16 included) on any device; buckets are CPU tensors. `iter_buckets` groups consecutive
+tensors into flat `uint8` tensors of at most `bucket_bytes` each (a tensor larger than that
+gets a bucket of its own) and describes each tensor with a `TensorMeta`: where its bytes lie
+in the bucket and, when the sender asks for them (`sync.verify_checksum`), their CRC-32.
+`unpack_bucket` gives the tensors back, bit for bit, and checks every digest the sender wrote.
+Digests are opt-in because hashing is the transports' largest cost after the copies (CRC-32
+runs at ~3 GB/s, a copy at ~20).
 
-Tensors are moved as raw bytes (`view(torch.uint8)`), never converted, so every dtype round
-trips exactly, NaN payloads included. Offsets are aligned to `ALIGN_BYTES` so that a byte slice
+Tensors are moved as raw bytes (`view(torch.uint8)`), converted only by an explicit `cast_to`,
+so every dtype round trips exactly, NaN payloads included. Offsets are aligned to `ALIGN_BYTES` so that a byte slice
 of the bucket can be viewed as any dtype again without a copy.
 """
 

@@ -128,8 +128,8 @@ class BroadcastGroup:
         With `staging` (CPU groups), buckets are received into its slots and the tensors are
         views that a later bucket overwrites: a consumer that copies each tensor as it comes
         (the engine's loaders do) saves an allocation per bucket; one that keeps them must not
-        pass `staging`. With two slots or more, a thread receives the next bucket while the
-        consumer copies out the current one.
+        pass `staging`. A thread receives ahead into the free slots: with two, the next bucket
+        arrives while the consumer copies out the current one.
 
         Raises `TransportError` if nothing arrives within the group's timeout or the sender
         dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest
@@ -141,8 +141,6 @@ class BroadcastGroup:
             raise RuntimeError(f"{self}: rank 0 sends, it cannot receive")
         if staging is None or self.device.type != "cpu":
             buckets = self._buckets(lambda n: self._receive_buffer(n, torch.uint8))
-        elif staging.slots < 2:
-            buckets = self._buckets(lambda n: self._receive_into(staging.take(n)))
         else:
             buckets = self._prefetched_buckets(staging)
         for index, (flat, metas) in enumerate(buckets):
@@ -174,7 +172,9 @@ class BroadcastGroup:
             while not free_slots.acquire(timeout=0.5):
                 if abandoned.is_set():
                     raise TransportError(f"{self}: the consumer stopped reading")
-            return self._receive_into(staging.take(nbytes))
+            flat = staging.take(nbytes)
+            self._broadcast(flat)
+            return flat
 
         def run() -> None:
             try:
@@ -229,10 +229,6 @@ class BroadcastGroup:
         buffer = torch.empty(numel, dtype=dtype, device=self.device)
         self._broadcast(buffer)
         return buffer.cpu()
-
-    def _receive_into(self, buffer: torch.Tensor) -> torch.Tensor:
-        self._broadcast(buffer)
-        return buffer
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast `tensor` from rank 0 (a CPU tensor is copied to the device first)."""
