@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step import compose_run, prepare
 from bench_step import run as run_any
-from sync_floors import checkpoint_floor, load_weights, memcpy_floor, memory_floor, nccl_floor
+from sync_floors import checkpoint_floor, memcpy_floor, memory_floor, nccl_floor, read_model_weights
 
 THROUGHPUT_RUN = ["rollout.response_length=16"]
 """Responses long enough that generation weighs about as much as the update: one-step-off can
@@ -149,7 +149,7 @@ def sync_costs(
     """Part 2: each transport's sync against the floors of `sync_floors.py`."""
     prepare(root, preset)
     dtype = getattr(torch, dtype_name)
-    weights = load_weights(root / "model")
+    weights = read_model_weights(root / "model")
     memcpy, nbytes = memcpy_floor(weights, dtype)
     floors: dict[str, float] = {}
     if "memory" in transports:

@@ -37,7 +37,7 @@ from hybrid.transport.collective import BroadcastGroup, free_port
 Weights = list[tuple[str, torch.Tensor]]
 
 
-def load_weights(model_dir: Path) -> Weights:
+def read_model_weights(model_dir: Path) -> Weights:
     weights: dict[str, torch.Tensor] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
         weights.update(load_file(str(file)))
@@ -162,7 +162,7 @@ def _broadcast_side(
     rank: int, port: int, model_dir: str, dtype: torch.dtype, repeats: int, results: object
 ) -> None:
     torch.set_num_threads(1)
-    sides = _Sides(load_weights(Path(model_dir)), dtype)
+    sides = _Sides(read_model_weights(Path(model_dir)), dtype)
     group = BroadcastGroup("127.0.0.1", port, rank, 2, timeout_s=300)
     start = torch.zeros(1)
     times = []
