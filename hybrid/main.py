@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
+from hybrid.trainer.fully_async import FullyAsyncTrainer
 from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.trainer.schema import from_dict
 from hybrid.trainer.split import SplitTrainer
@@ -49,7 +50,13 @@ def main(cfg: DictConfig) -> None:
     out, verbose = config.trainer.output_dir, config.trainer.verbose
     configure_logging(verbose, run_log_dir(out, verbose))
     started = time.monotonic()
-    trainer = SplitTrainer(config) if config.trainer.split else GRPOTrainer(config)
+    trainer: GRPOTrainer
+    if config.fully_async.enable:
+        trainer = FullyAsyncTrainer(config)
+    elif config.trainer.split:
+        trainer = SplitTrainer(config)
+    else:
+        trainer = GRPOTrainer(config)
     final = trainer.fit()
     print_lines(final_summary(trainer.reward_history, time.monotonic() - started, final, out))
 

@@ -162,9 +162,3 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     position (both are masked out)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
-
-def version_lag(
-    versions: torch.Tensor, response_mask: torch.Tensor, trainer_version: int
-) -> torch.Tensor:
-    """Per-token lag (trainer_version - token's version) over the response mask; 0 elsewhere."""
-    return (trainer_version - versions) * response_mask

@@ -24,6 +24,7 @@ from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
 from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.dtypes import Hardware
+from hybrid.explorer.streaming import InFlight
 from hybrid.rollout.base import GeneratedSample
 from hybrid.rollout.scores import response_scores
 from hybrid.rollout.vllm_engine import VllmEngine
@@ -41,6 +42,18 @@ logger = logging.getLogger(__name__)
 _PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
 
 
+def row_metadata(prompts: Batch, row: int) -> dict[str, Any]:
+    """A prompt row's other columns (data_source, ground_truth, seed, ...): what its Samples
+    carry as metadata for the rewards."""
+    metadata: dict[str, Any] = {
+        k: v[row] for k, v in prompts.non_tensors.items() if k not in _PROMPT_COLUMNS
+    }
+    metadata.update(
+        {k: t[row].tolist() for k, t in prompts.tensors.items() if k not in _PROMPT_COLUMNS}
+    )
+    return metadata
+
+
 def build_samples(
     prompts: Batch,
     prompt_ids: list[list[int]],
@@ -51,13 +64,9 @@ def build_samples(
 ) -> list[Sample]:
     """n Samples per prompt row, prompt-major; every other column of a row (data_source,
     ground_truth, seed, ...) becomes the Samples' metadata."""
-    columns = {k: v for k, v in prompts.non_tensors.items() if k not in _PROMPT_COLUMNS}
-    tensors = {k: v for k, v in prompts.tensors.items() if k not in _PROMPT_COLUMNS}
     samples = []
     for i, g in enumerate(generated):
         row = i // n
-        metadata: dict[str, Any] = {k: v[row] for k, v in columns.items()}
-        metadata.update({k: t[row].tolist() for k, t in tensors.items()})
         samples.append(
             Sample(
                 uid=str(prompts.non_tensors["uid"][row]),
@@ -73,7 +82,7 @@ def build_samples(
                     else SampleStatus.COMPLETED
                 ),
                 text=g.text,
-                metadata=metadata,
+                metadata=row_metadata(prompts, row),
             )
         )
     return samples
@@ -98,6 +107,7 @@ class ExplorerWorker(Worker):
         self.engine = VllmEngine(c.model.path, c.rollout, self.parallel.device, self.dtypes.rollout)
         self.loader = WeightLoader(self.engine, c.sync.strategy)
         self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
+        self._in_flight = InFlight(c.rollout.n, c.rollout.response_length)
         logger.info("explorer rank %d ready (pid %d)", self.rank, os.getpid())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -126,6 +136,38 @@ class ExplorerWorker(Worker):
             "gen_s": gen_s,
             "version": float(self.version),
         }
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stream(self, prompts: Batch | None, queue: Any, max_tokens: int) -> dict[str, float]:
+        """Fully-async: take this rank's share of `prompts` (every dp_size-th row; None: no new
+        rows) into the samples in flight, generate at most `max_tokens` more tokens of each
+        with the weights held, and put the groups that finished into `queue` (a
+        MessageQueue actor; the first rank of each TP group puts them)."""
+        started = time.perf_counter()
+        flight = self._in_flight
+        if prompts is not None:
+            dp_size = self.parallel.rollout_mesh.size(0)
+            mine = list(range(self.parallel.dp_rank, len(prompts), dp_size))
+            share = prompts[mine]
+            prompt_ids = unpad_prompts(share.tensors["input_ids"], share.tensors["attention_mask"])
+            for row, ids in enumerate(prompt_ids):
+                seed = self.config.rollout.seed + int(share.tensors["seed"][row])
+                flight.add(str(share.non_tensors["uid"][row]), ids, seed, row_metadata(share, row))
+        requests = flight.requests(max_tokens)
+        generated = self.engine.generate_each(requests) if requests else []
+        groups = flight.advance(generated, self.version, self._decode)
+        first = self.parallel.tp_rank == 0
+        if groups and first:
+            ray.get(queue.put.remote(groups))
+        return {
+            "groups_done": float(len(groups) if first else 0),
+            "pending_groups": float(flight.groups if first else 0),
+            "tokens": float(sum(len(g.token_ids) for g in generated) if first else 0),
+            "gen_s": time.perf_counter() - started,
+        }
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: Batch, greedy: bool = True) -> Batch:

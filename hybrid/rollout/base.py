@@ -24,6 +24,18 @@ class GeneratedSample:
     """The engine's log-prob of each sampled token (raw model distribution)."""
     text: str
     """The detokenised response."""
+    stopped: bool = False
+    """The engine stopped on its own (end of sequence or a stop token), not at max_tokens."""
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One sample to generate (further): the prompt plus the response so far, how many new
+    tokens at most, and its sampling seed (None: unseeded)."""
+
+    token_ids: list[int]
+    max_tokens: int
+    seed: int | None = None
 
 
 class RolloutEngine(Protocol):

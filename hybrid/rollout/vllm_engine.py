@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from hybrid.dtypes import Dtype
-from hybrid.rollout.base import GeneratedSample, ResumeTag
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_compat import (
     cpu_shm_segment,
@@ -146,17 +146,34 @@ class VllmEngine:
             use_tqdm=False,
             lora_request=self.lora_request,
         )
-        samples = []
-        for out in outputs:
-            for completion in out.outputs:
-                ids = list(completion.token_ids)
-                assert completion.logprobs is not None
-                steps: list[Any] = list(completion.logprobs)
-                log_probs = [step[token].logprob for token, step in zip(ids, steps, strict=True)]
-                samples.append(
-                    GeneratedSample(token_ids=ids, log_probs=log_probs, text=completion.text)
-                )
-        return samples
+        return [_sample(completion) for out in outputs for completion in out.outputs]
+
+    def generate_each(self, requests: Sequence[Continuation]) -> list[GeneratedSample]:
+        """One sample per request, each with its own max_tokens and seed (the partial
+        rollouts of the fully-async mode: a request carries the prompt plus the tokens
+        generated so far, and continues it under the weights loaded now)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        c = self.config
+        params = [
+            SamplingParams(
+                temperature=c.temperature,
+                top_p=c.top_p,
+                top_k=c.top_k,
+                max_tokens=r.max_tokens,
+                logprobs=0,
+                seed=r.seed,
+            )
+            for r in requests
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request,
+        )
+        return [_sample(out.outputs[0]) for out in outputs]
 
     def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
         """Log-probs of every token after the first; `with_adapter=False` scores the base."""
@@ -236,3 +253,17 @@ def _get_model(worker: Any) -> torch.nn.Module:
 
 def _get_kv_caches(worker: Any) -> list[torch.Tensor]:
     return list(worker.model_runner.kv_caches)
+
+
+def _sample(completion: Any) -> GeneratedSample:
+    """A vLLM CompletionOutput as our GeneratedSample (log-probs of the sampled tokens)."""
+    ids = list(completion.token_ids)
+    assert completion.logprobs is not None
+    steps: list[Any] = list(completion.logprobs)
+    log_probs = [step[token].logprob for token, step in zip(ids, steps, strict=True)]
+    return GeneratedSample(
+        token_ids=ids,
+        log_probs=log_probs,
+        text=completion.text,
+        stopped=completion.finish_reason == "stop",
+    )

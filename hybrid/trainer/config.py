@@ -44,6 +44,9 @@ class DataConfig:
         check_positive("data", val_batch_size=self.val_batch_size)
 
 
+OffPolicyCorrection = Literal["none", "tis", "decoupled", "mask"]
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: Literal["grpo"] = "grpo"
@@ -56,10 +59,76 @@ class AlgorithmConfig:
     """When the update is on-policy (actor.ppo_epochs 1 and one mini-batch per step), take
     the old log-probs from the update's own forward instead of a separate pass (the ratio is
     exactly 1). False runs the pass anyway (the before/after benchmark)."""
+    off_policy_correction: OffPolicyCorrection = "none"
+    """How the update treats tokens sampled by older weights (split and fully-async runs):
+    none: PPO against the trainer's own log-probs before the update; tis: those tokens'
+    advantages weighted by min(pi_old / pi_rollout, importance_cap); decoupled (AReaL):
+    weighted by pi_old / pi_rollout, tokens above importance_cap leave the loss; mask:
+    tokens more than mask_version_lag versions old leave the loss."""
+    importance_cap: float = 2.0
+    """tis: the truncation of the importance weight; decoupled: the weight above which a
+    token leaves the loss."""
+    mask_version_lag: int = 1
+    """mask: most versions a token may lag and still be trained on."""
 
     def __post_init__(self) -> None:
         check_choice("algorithm", "adv_estimator", self.adv_estimator, ("grpo",))
         check_positive("algorithm", ppo_mini_batch_size=self.ppo_mini_batch_size)
+        check_choice(
+            "algorithm",
+            "off_policy_correction",
+            self.off_policy_correction,
+            get_args(OffPolicyCorrection),
+        )
+        check_positive("algorithm", importance_cap=self.importance_cap)
+        if self.mask_version_lag < 0:
+            raise ValueError(
+                f"algorithm.mask_version_lag must be >= 0, got {self.mask_version_lag}"
+            )
+
+
+@dataclass(frozen=True)
+class FullyAsyncConfig:
+    """verl's fully-async mode (trainer.placement=split with enable=true): a Rollouter
+    generates continuously into a message queue, the trainer updates per mini-batch as
+    groups arrive and publishes weights every trigger_parameter_sync_step updates."""
+
+    enable: bool = False
+    """Run the split placement fully asynchronously (the sync.style schedule does not apply)."""
+    staleness_threshold: float = 0.1
+    """The Rollouter starts at most (1 + threshold) x the groups one weight version trains
+    before it waits for the next version (verl's users run 0.1 - 0.5)."""
+    trigger_parameter_sync_step: int = 1
+    """Updates (each of require_batches mini-batches) per train step; the trainer publishes
+    a new weight version after each train step."""
+    require_batches: int = 1
+    """Mini-batches of algorithm.ppo_mini_batch_size groups the trainer takes per update."""
+    partial_rollout: bool = True
+    """true (plan 2): a new version is loaded between generation chunks and unfinished
+    samples continue under it (their tokens carry both versions); false (plan 1): new
+    versions are loaded only between whole generation batches."""
+    max_version_lag: int = 1
+    """Hard bound: a group whose oldest token lags more versions than this when the trainer
+    takes it is dropped (and counted), never trained on."""
+    chunk_tokens: int = 8
+    """Plan 2: tokens generated between two chances to load new weights (the longest a
+    published version waits for the Rollouter)."""
+
+    def __post_init__(self) -> None:
+        if self.staleness_threshold < 0:
+            raise ValueError(
+                f"fully_async.staleness_threshold must be >= 0, got {self.staleness_threshold}"
+            )
+        check_positive(
+            "fully_async",
+            trigger_parameter_sync_step=self.trigger_parameter_sync_step,
+            require_batches=self.require_batches,
+            chunk_tokens=self.chunk_tokens,
+        )
+        if self.max_version_lag < 0:
+            raise ValueError(
+                f"fully_async.max_version_lag must be >= 0, got {self.max_version_lag}"
+            )
 
 
 @dataclass(frozen=True)
@@ -224,6 +293,7 @@ class TrainerRunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    fully_async: FullyAsyncConfig = field(default_factory=FullyAsyncConfig)
 
     def __post_init__(self) -> None:
         workers, n = self.trainer.training_workers, self.rollout.n
@@ -237,6 +307,11 @@ class TrainerRunConfig:
                 f"actor.mini_batch_size ({self.actor.mini_batch_size}) is derived from "
                 "algorithm.ppo_mini_batch_size x rollout.n / trainer.num_workers: set "
                 "algorithm.ppo_mini_batch_size instead"
+            )
+        if self.actor.decoupled_cap is not None:
+            raise ValueError(
+                f"actor.decoupled_cap ({self.actor.decoupled_cap}) is derived: set "
+                "algorithm.off_policy_correction=decoupled and algorithm.importance_cap"
             )
         if n < 2:
             raise ValueError(
@@ -257,6 +332,18 @@ class TrainerRunConfig:
                 f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be a multiple "
                 f"of actor.micro_batch_size ({self.actor.micro_batch_size})"
             )
+        if self.algorithm.off_policy_correction == "mask" and not self.trainer.split:
+            raise ValueError(
+                "algorithm.off_policy_correction=mask needs trainer.placement=split: colocated "
+                "samples are always generated by the weights being trained"
+            )
+        if self.algorithm.off_policy_correction == "tis" and self.actor.tis_cap is not None:
+            raise ValueError(
+                "set either algorithm.off_policy_correction=tis (with algorithm.importance_cap) "
+                f"or actor.tis_cap ({self.actor.tis_cap}), not both"
+            )
+        if self.fully_async.enable and not self.trainer.split:
+            raise ValueError("fully_async.enable needs trainer.placement=split")
         if self.trainer.split:
             self._check_split()
             return
@@ -302,6 +389,17 @@ class TrainerRunConfig:
                 "the transports move full weights"
             )
         sync_policy(s)  # the style's own rules (e.g. offset + interval - 1 <= max_staleness)
+        if self.fully_async.enable:
+            self._check_fully_async()
+
+    def _check_fully_async(self) -> None:
+        s = self.sync
+        if (s.style, s.interval, s.offset) != ("fixed", 1, 0):
+            raise ValueError(
+                "fully_async.enable publishes a version after every train step and bounds "
+                "staleness by fully_async.staleness_threshold: leave sync.style=fixed, "
+                f"sync.interval=1, sync.offset=0 (got {s.style}, {s.interval}, {s.offset})"
+            )
 
     @property
     def _training_workers_field(self) -> str:
@@ -333,12 +431,28 @@ class TrainerRunConfig:
         )
 
     @property
+    def groups_per_update(self) -> int:
+        """fully_async: prompt groups the trainer takes for one update."""
+        return self.fully_async.require_batches * self.algorithm.ppo_mini_batch_size
+
+    @property
+    def groups_per_version(self) -> int:
+        """fully_async: prompt groups trained with one weight version (one train step)."""
+        return self.fully_async.trigger_parameter_sync_step * self.groups_per_update
+
+    @property
     def mini_batch_rows_per_worker(self) -> int:
         return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.trainer.training_workers
 
     def worker_config(self) -> HybridWorkerConfig:
         """What every WorkerDict member receives (derived sizes filled in)."""
-        actor = dataclasses.replace(self.actor, mini_batch_size=self.mini_batch_rows_per_worker)
+        correction, cap = self.algorithm.off_policy_correction, self.algorithm.importance_cap
+        actor = dataclasses.replace(
+            self.actor,
+            mini_batch_size=self.mini_batch_rows_per_worker,
+            tis_cap=cap if correction == "tis" else self.actor.tis_cap,
+            decoupled_cap=cap if correction == "decoupled" else None,
+        )
         return HybridWorkerConfig(
             model=self.model, actor=actor, ref=self.ref, rollout=self.rollout, sync=self.sync
         )

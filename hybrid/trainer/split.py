@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from hybrid.algorithms.advantages import compute_grpo_advantages
+from hybrid.algorithms.off_policy import mask_stale_tokens, version_lag, version_stats
 from hybrid.buffer.experience import ExperienceBufferActor
 from hybrid.controller import (
     RayClassWithInitArgs,
@@ -152,12 +153,17 @@ class SplitTrainer(GRPOTrainer):
         self.synchronizer = SynchronizerActor.remote(
             c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
         )
-        groups = c.data.train_batch_size * self.policy.buffer_batches()
-        self.buffer = ExperienceBufferActor.remote(c.rollout.n, groups)
+        self.buffer = self.make_buffer()
         self.channel = WeightChannel(c.sync, self.synchronizer, self.actor, self.explorers)
         self.channel.connect()
         self.sides = SyncSides(self.policy, self.channel, self.synchronizer, t.total_steps)
         self.log_memory(0)
+
+    def make_buffer(self) -> Any:
+        """The experience buffer actor: room for the batches the style lets the explorer
+        run ahead (a bigger one would never fill)."""
+        groups = self.config.data.train_batch_size * self.policy.buffer_batches()
+        return ExperienceBufferActor.remote(self.config.rollout.n, groups)
 
     def stop_workers(self, after_failure: bool = False) -> None:
         """Engines first (vLLM must go before its process group), then the actors; after a
@@ -241,19 +247,49 @@ class SplitTrainer(GRPOTrainer):
         c = self.config
         started = time.perf_counter()
         samples = self.take_batch()
+        trained_on = self.step - 1  # the version the actor holds now
+        rollout, metrics = self.train_on(samples, trained_on, self.policy.lag_bound())
+        # A few of these rows, scored under the version the actor holds, check the
+        # explorer's copy of that version before it moves on (SyncSides._probe).
+        probe_rows = min(len(rollout), PROBE_ROWS_PER_EXPLORER * c.trainer.num_explorer_workers)
+        self.sides.probes[trained_on] = rollout.select(
+            ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs"]
+        )[:probe_rows]
+        for stale in [v for v in self.sides.probes if v < trained_on - self.policy.lag_bound() - 1]:
+            self.sides.probes.pop(stale, None)  # versions the explorer skipped
+        depth = ray.get(self.buffer.depth.remote())
+        step_s = time.perf_counter() - started
+        metrics.update(self.sides.times.drain())
+        metrics.update(
+            {
+                "buffer/groups": float(depth.groups),
+                "timing_s/step": step_s,
+                "timing_s/trainer_wait": self.trainer_wait_s,
+                "timing_s/gen": self._drain_gen_s(),
+                "perf/throughput": metrics["perf/tokens"] / step_s,
+            }
+        )
+        return metrics
+
+    def train_on(
+        self, samples: list[Any], trained_on: int, lag_bound: int
+    ) -> tuple[Batch, dict[str, float]]:
+        """Score whole groups of Samples (rewards, reference, old log-probs under
+        `trained_on`, the version the actor holds) and update the actor on them. A token
+        lagging more than `lag_bound` versions means the schedule broke: raise."""
+        c = self.config
         rollout = samples_to_batch(
             samples,
             c.rollout.response_length,
             self.train_data.pad_token_id,
             c.data.max_prompt_length,
         )
-        trained_on = self.step - 1  # the version the actor holds now
         mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
-        lag = ((trained_on - versions) * mask)[mask.bool()]
-        if int(lag.max()) > self.policy.lag_bound():
+        lag = version_lag(versions, mask, trained_on)[mask.bool()]
+        if int(lag.max()) > lag_bound:
             raise RuntimeError(
                 f"step {self.step}: a sample lags {int(lag.max())} versions, more than the "
-                f"style allows ({self.policy.lag_bound()}): the schedule is broken"
+                f"bound ({lag_bound}): the schedule is broken"
             )
         t0 = time.perf_counter()
         ref_future = (
@@ -270,18 +306,16 @@ class SplitTrainer(GRPOTrainer):
         if ref_future is not None:
             rollout = rollout.union(ref_future.get())
         rollout = rollout.union(old_future.get())
-        # A few of these rows, scored under the version the actor holds, check the
-        # explorer's copy of that version before it moves on (SyncSides._probe).
-        probe_rows = min(len(rollout), PROBE_ROWS_PER_EXPLORER * c.trainer.num_explorer_workers)
-        self.sides.probes[trained_on] = rollout.select(
-            ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs"]
-        )[:probe_rows]
-        for stale in [v for v in self.sides.probes if v < trained_on - self.policy.lag_bound() - 1]:
-            self.sides.probes.pop(stale, None)  # versions the explorer skipped
         scoring_s = time.perf_counter() - t0
-        order = balanced_order(rollout["attention_mask"].sum(-1), c.trainer.num_trainer_workers)
+        trained = rollout
+        if c.algorithm.off_policy_correction == "mask":
+            kept = mask_stale_tokens(mask, versions, trained_on, c.algorithm.mask_version_lag)
+            tensors = dict(rollout.tensors, response_mask=kept)
+            trained = Batch(tensors, rollout.non_tensors, rollout.meta)
+            metrics["actor/masked_stale_tokens"] = float((mask - kept).sum())
+        order = balanced_order(trained["attention_mask"].sum(-1), c.trainer.num_trainer_workers)
         t0 = time.perf_counter()
-        update = reduce_over_ranks(self.actor.update_actor(rollout[order]))
+        update = reduce_over_ranks(self.actor.update_actor(trained[order]))
         update_s = time.perf_counter() - t0
         worker = reduce_over_ranks(self.actor.pop_metrics())
         # The sync check: tokens the explorer sampled with the weights the trainer scored
@@ -289,12 +323,9 @@ class SplitTrainer(GRPOTrainer):
         fresh = mask * (versions == trained_on)
         t = rollout.tensors
         diff_mean, diff_max = masked_stats(t["rollout_log_probs"] - t["old_log_probs"], fresh)
-        depth = ray.get(self.buffer.depth.remote())
-        step_s = time.perf_counter() - started
-        tokens = float(rollout["attention_mask"].sum())
         metrics.update(update)
         metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
-        metrics.update(self.sides.times.drain())
+        metrics.update(version_stats(versions, mask, trained_on))
         lengths = mask.sum(-1)
         metrics.update(
             {
@@ -302,21 +333,17 @@ class SplitTrainer(GRPOTrainer):
                 "rollout/logprob_diff_max": diff_max,
                 "rollout/fresh_tokens": float(fresh.sum()),
                 "sync/version": float(trained_on),
-                "sync/version_lag_mean": float(lag.float().mean()),
-                "sync/version_lag_max": float(lag.max()),
-                "buffer/groups": float(depth.groups),
+                "sync/version_lag_mean": metrics["sample/version_lag_mean"],
+                "sync/version_lag_max": metrics["sample/version_lag_max"],
                 "response_length/mean": float(lengths.float().mean()),
                 "response_length/max": float(lengths.max()),
-                "timing_s/step": step_s,
-                "timing_s/trainer_wait": self.trainer_wait_s,
-                "timing_s/gen": self._drain_gen_s(),
                 "timing_s/scoring": scoring_s,
                 "timing_s/update_actor": update_s,
-                "perf/throughput": tokens / step_s,
+                "perf/tokens": float(rollout["attention_mask"].sum()),
             }
         )
         metrics.setdefault("actor/kl_loss", 0.0)
-        return metrics
+        return rollout, metrics
 
     def _drain_gen_s(self) -> float:
         gen_s, self.explorer_loop.gen_s = self.explorer_loop.gen_s, 0.0

@@ -258,6 +258,44 @@ class SyncSides:
         self._probe(held)
         self._loaded(newest, self.channel.load(newest))
 
+    def explorer_catch_up(self, wait: bool) -> int:
+        """Fully-async: load the newest version if the trainer has a newer one than the
+        engine holds (nccl: if it is offering one now); with `wait`, block until it has.
+        Returns the version held afterwards."""
+        held = self.explorer_version
+        if self.nccl:
+            if not (wait or self._state("trainer") == WAITING):
+                return held
+            self._set("explorer", REQUIRE, held)
+            seen = ray.get(
+                self.sync.wait_for_state.remote("trainer", [WAITING], self.timeout_s, "explorer")
+            )
+            if seen is None:
+                raise SyncTimeoutError(self._no_newer_version(held))
+            version = int(ray.get(self.sync.version.remote("trainer")))
+            self._probe(held)
+            self._set("explorer", WAITING, held)
+            self._loaded(version, self.channel.load(version))
+            return version
+        newest, _ = ray.get(self.sync.newest.remote())
+        if newest <= held and not wait:
+            return held
+        self._set("explorer", REQUIRE, held)
+        if newest <= held:
+            got = ray.get(self.sync.wait_for_version.remote(held + 1, self.timeout_s, "explorer"))
+            if got is None:
+                raise SyncTimeoutError(self._no_newer_version(held))
+            newest = int(got)
+        self._probe(held)
+        self._loaded(newest, self.channel.load(newest))
+        return newest
+
+    def _no_newer_version(self, held: int) -> str:
+        return (
+            f"the Rollouter waited for a weight version newer than {held} and the trainer did "
+            f"not publish one within sync.timeout_s={self.timeout_s}s"
+        )
+
     def explorer_finished(self) -> None:
         """The explorer's last step is done: no sync can be used any more."""
         self._set("explorer", SyncState.STOPPED, self.explorer_version, note="finished")

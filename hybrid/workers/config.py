@@ -135,6 +135,10 @@ class ActorConfig:
     """KL estimator: k1, abs, k2 (= mse), k3 (= low_var_kl)."""
     tis_cap: float | None = None
     """Truncated importance sampling between rollout and actor log-probs (off when None)."""
+    decoupled_cap: float | None = None
+    """Decoupled PPO (AReaL): per-token weight pi_proximal / pi_behaviour with the old
+    log-probs as the proximal policy and the rollout log-probs as the behaviour policy; tokens
+    whose weight exceeds the cap leave the loss. None: off. Excludes tis_cap."""
     ppo_epochs: int = 1
     """Passes over the batch per update_actor call."""
     mini_batch_size: int | None = None
@@ -183,6 +187,14 @@ class ActorConfig:
         check_choice("actor", "kl_loss_type", self.kl_loss_type, get_args(KlKind))
         if self.tis_cap is not None:
             check_positive("actor", tis_cap=self.tis_cap)
+        if self.decoupled_cap is not None:
+            check_positive("actor", decoupled_cap=self.decoupled_cap)
+            if self.tis_cap is not None:
+                raise ValueError(
+                    f"actor.tis_cap ({self.tis_cap}) and actor.decoupled_cap "
+                    f"({self.decoupled_cap}) are two corrections of the same rollout/actor gap: "
+                    "set at most one"
+                )
         if self.mini_batch_size is not None:
             check_positive("actor", mini_batch_size=self.mini_batch_size)
         if self.weight_decay < 0:

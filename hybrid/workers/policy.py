@@ -2,8 +2,10 @@
 
 Per optimizer step (one mini-batch of this rank's rows), for each micro-batch:
     loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl(actor || ref)
-with the PPO-clip family of hybrid.algorithms.policy_loss (clip-higher, dual clip) and
-optional truncated importance sampling between the rollout's and the actor's old log-probs.
+with the PPO-clip family of hybrid.algorithms.policy_loss (clip-higher, dual clip) and, at
+most one of, truncated importance sampling between the rollout's and the actor's old log-probs
+(tis_cap) or decoupled PPO (decoupled_cap, hybrid.algorithms.off_policy): the old log-probs are
+the proximal policy, the rollout's the behaviour policy, and tokens above the cap leave the loss.
 
 Normalisers are global: the token (and sequence) counts of the whole mini-batch summed over
 micro-batches and over data-parallel ranks. FSDP averages gradients over ranks, so each
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid.algorithms.kl import kl_penalty
+from hybrid.algorithms.off_policy import decoupled_weights
 from hybrid.algorithms.policy_loss import (
     aggregate_loss,
     compose_actor_loss,
@@ -59,7 +62,8 @@ class PolicyTrainer:
         required = list(UPDATE_KEYS)
         if self.config.use_kl_loss:
             required.append("ref_log_prob")
-        if self.config.tis_cap is not None or "old_log_probs" not in batch:
+        corrected = self.config.tis_cap is not None or self.config.decoupled_cap is not None
+        if corrected or "old_log_probs" not in batch:
             required.append("rollout_log_probs")
         missing = [key for key in required if key not in batch]
         if missing:
@@ -83,6 +87,7 @@ class PolicyTrainer:
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
         device = mini.tensors["response_mask"].device
+        local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
         global_tokens = _global_sum(float(mini.tensors["response_mask"].sum()), device)
         global_seqs = _global_sum(float(len(mini)), device)
         scale = dist.get_world_size() if dist.is_initialized() else 1
@@ -91,6 +96,8 @@ class PolicyTrainer:
         on_policy = "old_log_probs" not in mini
         totals = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
         fractions: dict[str, float] = {}
+        if c.decoupled_cap is not None:
+            fractions["actor/decoupled_kept_frac"] = 0.0
         first_pass = FirstPassStats()
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
             micro = mini[rows]
@@ -103,15 +110,9 @@ class PolicyTrainer:
             old_log_prob = log_prob.detach() if on_policy else micro.tensors["old_log_probs"]
             if on_policy:
                 first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
-            advantages = micro.tensors["advantages"]
-            if c.tis_cap is not None:
-                weights = truncated_importance_weights(
-                    old_log_prob, micro.tensors["rollout_log_probs"], c.tis_cap
-                )
-                # A positive per-token weight on the advantage scales both clip branches alike.
-                advantages = (
-                    advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-                ) * weights
+            advantages, kept = self._corrected_advantages(micro, old_log_prob)
+            if kept is not None:
+                fractions["actor/decoupled_kept_frac"] += kept / local_tokens
 
             def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
                 return aggregate_loss(per_token, mask, c.loss_agg_mode, global_tokens, global_seqs)
@@ -140,7 +141,7 @@ class PolicyTrainer:
             # Scaled like the gradient: the mean over ranks is the loss of the global batch.
             totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
             totals["actor/entropy"] += float(entropy.detach()) * scale
-            share = float(mask.sum()) / max(float(mini.tensors["response_mask"].sum()), 1.0)
+            share = float(mask.sum()) / local_tokens
             for key, value in pg_metrics.items():
                 fractions[key] = fractions.get(key, 0.0) + value * share
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
@@ -153,6 +154,32 @@ class PolicyTrainer:
             "actor/step_applied": float(applied),
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
+
+    def _corrected_advantages(
+        self, micro: Batch, old_log_prob: torch.Tensor
+    ) -> tuple[torch.Tensor, float | None]:
+        """The micro-batch's advantages, (B,) or (B, T), times the per-token weights of TIS or
+        decoupled PPO when one is on; with decoupled PPO also the number of response tokens
+        kept in the loss (else None)."""
+        c = self.config
+        advantages = micro.tensors["advantages"]
+        if c.tis_cap is None and c.decoupled_cap is None:
+            return advantages, None
+        rollout_log_prob = micro.tensors["rollout_log_probs"]
+        per_token = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # (B, T)
+        if c.tis_cap is not None:
+            # A positive per-token weight on the advantage scales both clip branches alike.
+            weights = truncated_importance_weights(old_log_prob, rollout_log_prob, c.tis_cap)
+            return per_token * weights, None
+        weights, keep = decoupled_weights(old_log_prob, rollout_log_prob, c.decoupled_cap)
+        # Dropped tokens get weight 0, so they add 0 to the pg loss and to its gradient, while
+        # the loss mask, and with it every normaliser (global_tokens, global_seqs, and the
+        # per-row length of seq-mean-token-mean), stays unchanged: the loss is the whole
+        # mini-batch's with those tokens' terms set to 0, as in AReaL. (Passing mask * keep
+        # to policy_loss instead would shrink seq-mean-token-mean's per-row lengths.) The pg
+        # metrics (clipfrac, ppo_kl) still average over every response token.
+        kept = float((keep & micro.tensors["response_mask"].bool()).sum())
+        return per_token * torch.where(keep, weights, 0.0), kept
 
     def _boundary(self, phase: str, chunk: int | None = None) -> None:
         if self.ledger is not None:

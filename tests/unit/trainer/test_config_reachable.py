@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
 # Schema fields the YAML must not set: the trainer derives them (and rejects a set value).
-DERIVED = {"actor.mini_batch_size"}
+DERIVED = {"actor.mini_batch_size", "actor.decoupled_cap"}
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.alpha": ("model.lora.rank=8",),
@@ -30,6 +30,7 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.target_modules": ("model.lora.rank=8",),
     "trainer.memory_snapshot_step": ("trainer.use_gpu=true",),
     "trainer.nnodes": ("trainer.num_workers=4",),
+    "fully_async.enable": ("trainer.placement=split",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {

@@ -71,6 +71,19 @@ def test_negative_clip_ratio_names_the_field() -> None:
         ActorConfig(clip_ratio_low=-0.2)
 
 
+@pytest.mark.parametrize("cap", [0.0, -1.0])
+def test_decoupled_cap_must_be_positive(cap: float) -> None:
+    assert ActorConfig().decoupled_cap is None
+    assert ActorConfig(decoupled_cap=2.0).decoupled_cap == 2.0
+    with pytest.raises(ValueError, match=rf"actor\.decoupled_cap must be > 0, got {cap}"):
+        ActorConfig(decoupled_cap=cap)
+
+
+def test_decoupled_cap_and_tis_cap_exclude_each_other() -> None:
+    with pytest.raises(ValueError, match=r"actor\.tis_cap .*actor\.decoupled_cap"):
+        ActorConfig(tis_cap=2.0, decoupled_cap=2.0)
+
+
 def test_compute_dtypes_default_to_auto() -> None:
     assert (ActorConfig().param_dtype, RefConfig().param_dtype) == ("auto", "auto")
     assert RolloutConfig().dtype == "auto"

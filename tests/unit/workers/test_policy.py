@@ -1,9 +1,11 @@
 """PolicyTrainer on a real (tiny, unsharded) HF model in one process: the loss terms compose,
-TIS reweights, missing inputs are named, and the micro-batch size does not change the step."""
+TIS reweights, decoupled PPO reweights and drops tokens above its cap, missing inputs are
+named, and the micro-batch size does not change the step."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -148,3 +150,90 @@ def test_missing_inputs_are_named(model: torch.nn.Module) -> None:
         _update(model, ActorConfig(use_kl_loss=True), batch)
     with pytest.raises(KeyError, match="rollout_log_probs"):
         _update(model, ActorConfig(tis_cap=2.0), batch)
+    with pytest.raises(KeyError, match="rollout_log_probs"):
+        _update(model, ActorConfig(decoupled_cap=2.0), batch)
+
+
+def _with(batch: Batch, **tensors: torch.Tensor) -> Batch:
+    """`batch` with some tensors replaced."""
+    kept = [key for key in batch.keys() if key not in tensors]  # noqa: SIM118 (a Batch)
+    return batch.select(kept).union(Batch.from_dict(tensors))
+
+
+def test_decoupled_with_a_large_cap_scales_the_update_by_the_weights(
+    model: torch.nn.Module,
+) -> None:
+    # exp(old - rollout) = exp(0.5) = 1.6487 on every token, below the cap: nothing dropped.
+    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9)
+    base, plain = _update(model, config, _batch())
+    decoupled, a = _update(
+        model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=10.0), _batch()
+    )
+    assert decoupled["actor/pg_loss"] == pytest.approx(
+        math.exp(0.5) * base["actor/pg_loss"], rel=1e-5
+    )
+    assert decoupled["actor/grad_norm"] == pytest.approx(
+        math.exp(0.5) * base["actor/grad_norm"], rel=1e-5
+    )
+    assert decoupled["actor/decoupled_kept_frac"] == 1.0
+    assert "actor/decoupled_kept_frac" not in base
+    # SGD: the step is the gradient, so it is the plain step times the weight ...
+    for p0, p1, p2 in zip(model.parameters(), plain.parameters(), a.parameters(), strict=True):
+        torch.testing.assert_close(p2 - p0, math.exp(0.5) * (p1 - p0), atol=1e-6, rtol=1e-4)
+    # ... and, with no weight above either cap, TIS's step.
+    _, b = _update(
+        model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, tis_cap=10.0), _batch()
+    )
+    assert _same_step(a, b)
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_decoupled_drops_the_tokens_above_the_cap(
+    model: torch.nn.Module, loss_agg_mode: str
+) -> None:
+    batch = _batch()
+    old = batch.tensors["old_log_probs"]
+    # old - rollout = 0.5 (weight 1.65, kept) or 2.0 (weight 7.39 > cap 2, dropped)
+    gap = torch.tensor(
+        [[0.5, 2.0, 2.0, 2.0], [0.5, 0.5, 2.0, 2.0], [2.0, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]
+    )
+    batch = _with(batch, rollout_log_probs=old - gap)
+    config = ActorConfig(
+        micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=2.0, loss_agg_mode=loss_agg_mode
+    )
+    got, a = _update(model, config, batch)
+    # Response tokens: 2 (row 0 has two) + 4 + 4 + 4 = 14; kept: 1 + 2 + 3 + 4 = 10.
+    assert got["actor/decoupled_kept_frac"] == pytest.approx(10 / 14)
+    # The same step without a correction: per-token advantages A * 1.65 on kept tokens, 0 on
+    # dropped ones, and the full mask, so every normaliser (per-row lengths too) is unchanged.
+    weights = torch.where(gap == 0.5, math.exp(0.5), 0.0)
+    advantages = batch.tensors["advantages"].unsqueeze(-1) * weights
+    plain = ActorConfig(micro_batch_size=2, max_grad_norm=1e9, loss_agg_mode=loss_agg_mode)
+    expected, b = _update(model, plain, _with(batch, advantages=advantages))
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    assert _same_step(a, b)
+
+
+def test_decoupled_with_a_tiny_cap_drops_every_token(model: torch.nn.Module) -> None:
+    # every weight is exp(0.5) > 1e-3: no token is left for the pg term (the only term here)
+    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=1e-3)
+    got, updated = _update(model, config, _batch())
+    assert got["actor/decoupled_kept_frac"] == 0.0
+    assert got["actor/pg_loss"] == 0.0
+    assert got["actor/grad_norm"] == 0.0
+    assert _same_step(model, updated, atol=0.0)
+
+
+def test_decoupled_on_policy_uses_the_update_s_own_log_probs(model: torch.nn.Module) -> None:
+    # Without old_log_probs the proximal policy is this pass's log-probs; with no weight above
+    # either cap, decoupled PPO and TIS take the same step.
+    kept = [key for key in _batch().keys() if key != "old_log_probs"]  # noqa: SIM118 (a Batch)
+    batch = _batch().select(kept)
+    decoupled, a = _update(
+        model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=1e6), batch
+    )
+    tis, b = _update(model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, tis_cap=1e6), batch)
+    assert decoupled["actor/decoupled_kept_frac"] == 1.0
+    assert decoupled["actor/pg_loss"] == pytest.approx(tis["actor/pg_loss"], rel=1e-6)
+    assert _same_step(a, b)
