@@ -39,6 +39,15 @@ def build_config(cfg: DictConfig) -> TrainerRunConfig:
     return config
 
 
+def make_trainer(config: TrainerRunConfig) -> GRPOTrainer:
+    """The driver of the configured mode: colocated, split, or fully async."""
+    if config.fully_async.enable:
+        return FullyAsyncTrainer(config)
+    if config.trainer.split:
+        return SplitTrainer(config)
+    return GRPOTrainer(config)
+
+
 # Absolute: Hydra resolves a relative config_path as a package (`pkg://configs`) when the
 # caller is imported rather than run as a file, which the console script hybrid-train does.
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -50,13 +59,7 @@ def main(cfg: DictConfig) -> None:
     out, verbose = config.trainer.output_dir, config.trainer.verbose
     configure_logging(verbose, run_log_dir(out, verbose))
     started = time.monotonic()
-    trainer: GRPOTrainer
-    if config.fully_async.enable:
-        trainer = FullyAsyncTrainer(config)
-    elif config.trainer.split:
-        trainer = SplitTrainer(config)
-    else:
-        trainer = GRPOTrainer(config)
+    trainer = make_trainer(config)
     final = trainer.fit()
     print_lines(final_summary(trainer.reward_history, time.monotonic() - started, final, out))
 

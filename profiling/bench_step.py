@@ -39,10 +39,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from hybrid.dtypes import Hardware
-from hybrid.main import build_config
+from hybrid.main import build_config, make_trainer
 from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.grpo import GRPOTrainer
-from hybrid.trainer.split import SplitTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 # The trainer-side speed-ups off: what a step cost before them.
@@ -84,7 +82,7 @@ def compose_run(root: Path, name: str, steps: int, overrides: list[str]) -> Trai
 def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
     """Train `steps` steps (either placement); every step's metrics."""
     config = compose_run(root, name, steps, overrides)
-    (SplitTrainer if config.trainer.split else GRPOTrainer)(config).fit()
+    make_trainer(config).fit()
     lines = (root / name / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 

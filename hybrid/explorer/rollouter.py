@@ -54,6 +54,8 @@ class Rollouter(threading.Thread):
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.pending_groups = 0
+        self.syncs_mid_generation = 0
+        """Weight loads with samples in flight (plan 2: they continue under the new weights)."""
         self.idle_s = self.gen_s = 0.0
         self.tokens = 0.0
         self._since = time.perf_counter()
@@ -72,7 +74,9 @@ class Rollouter(threading.Thread):
         held = self.catch_up(False)
         while not self.stopping.is_set():
             if self.partial_rollout or self.pending_groups == 0:
-                held = self.catch_up(False)
+                before, held = held, self.catch_up(False)
+                if held != before and self.pending_groups:
+                    self.syncs_mid_generation += 1
             wanted = self.groups_in_flight - self.pending_groups
             granted = ray.get(self.queue.reserve.remote(wanted, held)) if wanted > 0 else 0
             if granted == 0 and self.pending_groups == 0:
@@ -107,6 +111,7 @@ class Rollouter(threading.Thread):
                 "timing_s/gen": self.gen_s,
                 "rollouter/tokens": self.tokens,
                 "rollouter/groups_in_flight": float(self.pending_groups),
+                "rollouter/syncs_mid_generation": float(self.syncs_mid_generation),
             }
             self.idle_s = self.gen_s = self.tokens = 0.0
             self._since = now

@@ -4,7 +4,8 @@ New prompt rows become `rollout.n` PENDING Samples each. Every call to the engin
 at most `max_tokens` more tokens of every pending sample (its prompt plus the response so far
 is the request, so a sample interrupted by a weight load continues where it stopped, under
 the new weights); each new token records the version that produced it. A sample finishes when
-the engine stops on its own (COMPLETED) or at rollout.response_length (TRUNCATED); a group
+the engine stops on its own (COMPLETED) or at its budget (TRUNCATED: rollout.response_length,
+or less where the prompt row sets extra_info.max_response_tokens); a group
 leaves as soon as all its samples finished. No engine here: the worker feeds `requests()` to
 it and hands the results to `advance()`.
 """
@@ -34,6 +35,7 @@ class InFlight:
         self.response_length = response_length
         self.pending: list[Sample] = []
         self._seeds: dict[tuple[str, int], int] = {}
+        self._budgets: dict[tuple[str, int], int] = {}
         self._finished: dict[str, list[Sample]] = {}
 
     @property
@@ -41,8 +43,21 @@ class InFlight:
         """Groups with at least one sample still generating."""
         return len({s.uid for s in self.pending})
 
-    def add(self, uid: str, prompt_ids: list[int], seed: int, metadata: dict[str, Any]) -> None:
-        """One prompt row: group_size pending samples (seed * group_size + index each)."""
+    def add(
+        self,
+        uid: str,
+        prompt_ids: list[int],
+        seed: int,
+        metadata: dict[str, Any],
+        budget: int | None = None,
+    ) -> None:
+        """One prompt row: group_size pending samples (seed * group_size + index each), each
+        of at most `budget` new tokens (default: the response length)."""
+        budget = self.response_length if budget is None else budget
+        if not 1 <= budget <= self.response_length:
+            raise ValueError(
+                f"prompt uid {uid!r}: budget {budget} outside 1 .. {self.response_length}"
+            )
         if any(s.uid == uid for s in self.pending) or uid in self._finished:
             raise ValueError(f"prompt uid {uid!r} is already in flight")
         for index in range(self.group_size):
@@ -50,13 +65,14 @@ class InFlight:
                 Sample(uid=uid, index=index, prompt_ids=prompt_ids, metadata=dict(metadata))
             )
             self._seeds[uid, index] = seed * self.group_size + index
+            self._budgets[uid, index] = budget
 
     def requests(self, max_tokens: int) -> list[Continuation]:
         """The engine requests continuing every pending sample by at most `max_tokens`."""
         return [
             Continuation(
                 token_ids=s.prompt_ids + s.response_ids,
-                max_tokens=min(max_tokens, self.response_length - s.response_length),
+                max_tokens=min(max_tokens, self._budgets[s.uid, s.index] - s.response_length),
                 seed=continuation_seed(self._seeds[s.uid, s.index], s.response_length),
             )
             for s in self.pending
@@ -78,7 +94,7 @@ class InFlight:
             sample.response_ids.extend(out.token_ids)
             sample.rollout_log_probs.extend(out.log_probs)
             sample.versions.extend([version] * len(out.token_ids))
-            if out.stopped or sample.response_length >= self.response_length:
+            if out.stopped or sample.response_length >= self._budgets[sample.uid, sample.index]:
                 sample.status = SampleStatus.COMPLETED if out.stopped else SampleStatus.TRUNCATED
                 sample.text = decode(sample.response_ids)
                 group = self._finished.setdefault(sample.uid, [])
@@ -88,6 +104,7 @@ class InFlight:
                     complete.append(sorted(group, key=lambda s: s.index))
                     for s in group:
                         del self._seeds[s.uid, s.index]
+                        del self._budgets[s.uid, s.index]
             else:
                 still.append(sample)
         self.pending = still

@@ -25,7 +25,7 @@ from hybrid.data import Batch
 from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.dtypes import Hardware
 from hybrid.explorer.streaming import InFlight
-from hybrid.rollout.base import GeneratedSample
+from hybrid.rollout.base import GeneratedSample, prompt_budgets
 from hybrid.rollout.scores import response_scores
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.loader import WeightLoader
@@ -60,7 +60,6 @@ def build_samples(
     generated: list[GeneratedSample],
     n: int,
     version: int,
-    response_length: int,
 ) -> list[Sample]:
     """n Samples per prompt row, prompt-major; every other column of a row (data_source,
     ground_truth, seed, ...) becomes the Samples' metadata."""
@@ -75,12 +74,7 @@ def build_samples(
                 response_ids=g.token_ids,
                 rollout_log_probs=g.log_probs,
                 versions=[version] * len(g.token_ids),
-                # Hitting the length limit is the only way a response reaches it.
-                status=(
-                    SampleStatus.TRUNCATED
-                    if len(g.token_ids) >= response_length
-                    else SampleStatus.COMPLETED
-                ),
+                status=SampleStatus.COMPLETED if g.stopped else SampleStatus.TRUNCATED,
                 text=g.text,
                 metadata=row_metadata(prompts, row),
             )
@@ -150,9 +144,11 @@ class ExplorerWorker(Worker):
             mine = list(range(self.parallel.dp_rank, len(prompts), dp_size))
             share = prompts[mine]
             prompt_ids = unpad_prompts(share.tensors["input_ids"], share.tensors["attention_mask"])
+            budgets = prompt_budgets(share, self.config.rollout.response_length)
             for row, ids in enumerate(prompt_ids):
                 seed = self.config.rollout.seed + int(share.tensors["seed"][row])
-                flight.add(str(share.non_tensors["uid"][row]), ids, seed, row_metadata(share, row))
+                uid = str(share.non_tensors["uid"][row])
+                flight.add(uid, ids, seed, row_metadata(share, row), budgets[row])
         requests = flight.requests(max_tokens)
         generated = self.engine.generate_each(requests) if requests else []
         groups = flight.advance(generated, self.version, self._decode)
@@ -183,14 +179,17 @@ class ExplorerWorker(Worker):
         n = 1 if greedy else c.n
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
         seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
-        shared, mine = gather_across_tp(self.parallel, list(zip(prompt_ids, seeds, strict=True)))
-        shared_seeds = [seed for _, seed in shared]
+        budgets = prompt_budgets(prompts, c.response_length)
+        requests = list(zip(prompt_ids, seeds, budgets, strict=True))
+        shared, mine = gather_across_tp(self.parallel, requests)
+        shared_seeds = [seed for _, seed, _ in shared]
         generated = self.engine.generate(
-            [request for request, _ in shared],
+            [request for request, _, _ in shared],
             greedy=greedy,
             seeds=None if None in shared_seeds else shared_seeds,
+            max_tokens=[budget for _, _, budget in shared],
         )[mine.start * n : mine.stop * n]
-        return build_samples(prompts, prompt_ids, generated, n, self.version, c.response_length)
+        return build_samples(prompts, prompt_ids, generated, n, self.version)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_engine_log_prob(self, batch: Batch) -> Batch:

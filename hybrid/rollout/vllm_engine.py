@@ -118,28 +118,30 @@ class VllmEngine:
         *,
         greedy: bool = False,
         seeds: Sequence[int] | None = None,
+        max_tokens: Sequence[int] | None = None,
     ) -> list[GeneratedSample]:
+        """`max_tokens`: per prompt (default: rollout.response_length for every one)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         c = self.config
 
-        def params(seed: int | None) -> SamplingParams:
+        def params(seed: int | None, budget: int) -> SamplingParams:
             if greedy:
-                return SamplingParams(temperature=0.0, max_tokens=c.response_length, logprobs=0)
+                return SamplingParams(temperature=0.0, max_tokens=budget, logprobs=0)
             return SamplingParams(
                 n=c.n,
                 temperature=c.temperature,
                 top_p=c.top_p,
                 top_k=c.top_k,
-                max_tokens=c.response_length,
+                max_tokens=budget,
                 logprobs=0,
                 seed=seed,
             )
 
-        per_prompt = (
-            [params(None)] * len(prompts) if seeds is None else [params(int(s)) for s in seeds]
-        )
+        budgets = [c.response_length] * len(prompts) if max_tokens is None else max_tokens
+        row_seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
+        per_prompt = [params(seed, budget) for seed, budget in zip(row_seeds, budgets, strict=True)]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
             per_prompt,

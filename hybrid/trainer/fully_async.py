@@ -119,6 +119,8 @@ class FullyAsyncTrainer(SplitTrainer):
         """fully_async.json: where every started group ended, and the pacing record."""
         record = ray.get(self.queue.record.remote())
         record["accounting"] = ray.get(self.queue.accounting.remote())
+        # The queue's in-flight count must be exactly what the explorers still hold.
+        record["explorer_groups_in_flight"] = self.rollouter.pending_groups
         path = Path(self.config.trainer.output_dir) / "fully_async.json"
         path.write_text(json.dumps(record, indent=1))
 

@@ -89,6 +89,7 @@ class GRPOTrainer:
         self.rewards = RewardManager(custom)
         self.step = 0
         self.reward_history: list[float] = []
+        self.first_step_started: float | None = None
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -207,6 +208,11 @@ class GRPOTrainer:
         """After a step's update, in every placement: validation when due, the metric sinks,
         a checkpoint when due, the memory ledger."""
         t = self.config.trainer
+        if self.first_step_started is None:
+            self.first_step_started = time.perf_counter() - metrics["timing_s/step"]
+        # Wall time from the first step's start: differences between steps are the step
+        # periods, whatever a mode does between its steps (a split run publishes there).
+        metrics["timing_s/elapsed"] = time.perf_counter() - self.first_step_started
         self.reward_history.append(metrics["reward/mean"])
         if self.val_data is not None and t.test_freq and self.step % t.test_freq == 0:
             metrics.update(self.validate())

@@ -17,6 +17,7 @@ from hybrid.data import Batch
 from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.dtypes import dtype_bytes
 from hybrid.memory.components import ByDevice, full_parameter_count
+from hybrid.rollout.base import prompt_budgets
 from hybrid.rollout.scores import response_scores
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import verify
@@ -122,13 +123,16 @@ class ActorRolloutWorker(ActorWorker):
         n = 1 if greedy else self.config.rollout.n
         prompt_ids = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
         seeds = batch.tensors["seed"].tolist() if "seed" in batch else [None] * len(batch)
-        shared, mine = gather_across_tp(self.parallel, list(zip(prompt_ids, seeds, strict=True)))
-        shared_seeds = [seed for _, seed in shared]
+        budgets = prompt_budgets(batch, self.config.rollout.response_length)
+        requests = list(zip(prompt_ids, seeds, budgets, strict=True))
+        shared, mine = gather_across_tp(self.parallel, requests)
+        shared_seeds = [seed for _, seed, _ in shared]
         with self.ledger.timed("gen"):
             generated = self.engine.generate(
-                [request for request, _ in shared],
+                [request for request, _, _ in shared],
                 greedy=greedy,
                 seeds=None if None in shared_seeds else shared_seeds,
+                max_tokens=[budget for _, _, budget in shared],
             )[mine.start * n : mine.stop * n]
         self.ledger.record("rollout/generate")
         # Colocated generation runs on the weights of the last sync: one version, lag 0.

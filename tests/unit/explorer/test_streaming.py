@@ -65,3 +65,17 @@ def test_refuses_a_uid_in_flight_and_a_mismatched_output() -> None:
         flight.add("a", [1], seed=0, metadata={})
     with pytest.raises(ValueError, match="1 generated for 2 pending samples"):
         flight.advance([out([1])], 0, decode)
+
+
+def test_a_row_budget_ends_its_samples_early() -> None:
+    flight = InFlight(group_size=1, response_length=8)
+    flight.add("short", [1], seed=0, metadata={}, budget=3)
+    (request,) = flight.requests(max_tokens=2)
+    assert request.max_tokens == 2
+    assert flight.advance([out([4, 5])], 0, decode) == []
+    (request,) = flight.requests(max_tokens=2)
+    assert request.max_tokens == 1  # one token left of its budget
+    ((done,),) = flight.advance([out([6])], 0, decode)
+    assert done.status is SampleStatus.TRUNCATED and done.response_ids == [4, 5, 6]
+    with pytest.raises(ValueError, match=r"budget 9 outside 1 \.\. 8"):
+        flight.add("long", [1], seed=0, metadata={}, budget=9)

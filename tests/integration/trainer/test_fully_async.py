@@ -1,0 +1,164 @@
+"""fully_async.enable end to end: the staleness bounds held over whole runs, syncs in the middle
+of generations (partial rollouts), and a Rollouter slower than the trainer.
+
+Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
+trainer worker on the tiny demo model. The bounds are checked from what the run recorded
+independently of the rule that enforced them: per-token versions of every trained token (the
+metrics), the queue's pacing record against budgets computed here from the config, and the
+accounting of every group the Rollouter started.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.trainer.helpers import (
+    child_env,
+    read_metrics,
+    small_run_overrides,
+    write_assets,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+LOGPROB_DIFF_MAX = 0.05  # bf16 noise; fp32 engines measured 0
+GROUPS_PER_VERSION = 4  # small_run_overrides: ppo_mini_batch_size 4, one update per step
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("fully_async"))
+
+
+def run_async(assets: Path, out: Path, steps: int, *extra: str) -> tuple[list[dict], dict]:
+    args = small_run_overrides(
+        assets,
+        out,
+        f"trainer.total_steps={steps}",
+        "trainer.placement=split",
+        "fully_async.enable=true",
+        "sync.timeout_s=60",
+        f"sync.checkpoint_dir={out / 'weights'}",
+        *extra,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid.main", *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    return metrics, json.loads((out / "fully_async.json").read_text())
+
+
+def check_accounting(record: dict) -> None:
+    """No group is lost: every started group was trained, dropped, is queued, or is still
+    generating in an explorer (the queue's count of the last equals the explorers')."""
+    a = record["accounting"]
+    assert a["started"] == a["trained"] + a["dropped"] + a["queued"] + a["in_flight"], a
+    assert a["in_flight"] == record["explorer_groups_in_flight"], record
+    assert a["dropped"] == len(record["dropped_lags"])
+    assert a["trained"] == len(record["taken_lags"])
+
+
+def check_bounds(metrics: list[dict], record: dict, threshold: float, max_lag: int) -> None:
+    # No trained token lags more than the bound (from the tokens' own versions).
+    for m in metrics:
+        assert m["sample/version_lag_max"] <= max_lag, m
+        if m["rollout/fresh_tokens"]:
+            assert m["rollout/logprob_diff_max"] < LOGPROB_DIFF_MAX, m
+    assert all(lag <= max_lag for lag in record["taken_lags"])
+    assert all(lag > max_lag for lag in record["dropped_lags"])
+    assert metrics[-1]["queue/dropped_stale"] == len(record["dropped_lags"])
+    # The Rollouter never ran further ahead than the threshold allows: holding version v it
+    # had started at most (groups trained by v) + floor((1 + threshold) x per version) live
+    # groups. Every train step trains GROUPS_PER_VERSION groups, so trained_at(v) = 4 v.
+    budget = math.floor((1 + threshold) * GROUPS_PER_VERSION + 1e-9)
+    assert record["budget"] == budget
+    for grant in record["admissions"]:
+        live = grant["started"] - grant["dropped"]
+        assert live <= GROUPS_PER_VERSION * grant["version"] + budget, grant
+    check_accounting(record)
+
+
+@pytest.mark.parametrize(
+    ("max_lag", "threshold", "method"),
+    [
+        (1, 0.1, "nccl"),
+        (2, 0.5, "memory"),
+        pytest.param(1, 0.5, "checkpoint", marks=pytest.mark.full),
+        pytest.param(2, 0.1, "memory", marks=pytest.mark.full),
+    ],
+)
+def test_staleness_stays_bounded_over_a_run(
+    assets: Path, tmp_path: Path, max_lag: int, threshold: float, method: str
+) -> None:
+    """50 steps with partial rollouts (chunks of 2 tokens out of 8): the per-token lag, the
+    Rollouter's pace and the drops (counted, never trained) all hold their bounds."""
+    metrics, record = run_async(
+        assets,
+        tmp_path / "run",
+        50,
+        f"sync.method={method}",
+        f"fully_async.max_version_lag={max_lag}",
+        f"fully_async.staleness_threshold={threshold}",
+        "fully_async.chunk_tokens=2",
+        "rollout.response_length=8",
+    )
+    check_bounds(metrics, record, threshold, max_lag)
+
+
+def test_syncs_in_the_middle_of_generations(assets: Path, tmp_path: Path) -> None:
+    """One token per chunk, long responses and the Rollouter a version ahead: nearly every
+    sync lands while samples are being generated. None is lost, the continued samples mix
+    versions, and the tokens generated after a sync get the trainer's log-probs under it."""
+    metrics, record = run_async(
+        assets,
+        tmp_path / "run",
+        25,
+        "sync.method=memory",
+        "fully_async.staleness_threshold=1",
+        "fully_async.max_version_lag=3",
+        "fully_async.chunk_tokens=1",
+        "rollout.response_length=16",
+    )
+    check_bounds(metrics, record, 1.0, 3)
+    assert metrics[-1]["rollouter/syncs_mid_generation"] >= 20
+    partial = [m for m in metrics if m["partial/ratio"] > 0]
+    assert partial, "no trained sample mixed weight versions"
+    assert max(m["partial/version_span_max"] for m in metrics) >= 1
+    # Tokens a continued sample got after the sync carry the version the trainer holds at
+    # its next step: they are fresh there and were checked against the trainer's log-probs.
+    assert sum(m["rollout/fresh_tokens"] for m in partial) > 0
+
+
+def test_a_slow_rollouter_makes_the_run_synchronous(assets: Path, tmp_path: Path) -> None:
+    """Long responses generated one token per engine call (a Rollouter far slower than the
+    trainer): the queue is empty whenever the trainer asks, the trainer mostly waits, and
+    nothing trains beyond the bound."""
+    metrics, record = run_async(
+        assets,
+        tmp_path / "run",
+        4,
+        "sync.method=nccl",
+        "fully_async.chunk_tokens=1",
+        "fully_async.staleness_threshold=0.5",
+        "fully_async.max_version_lag=1",
+        "rollout.response_length=48",
+        "rollout.max_model_len=96",
+        "actor.use_kl_loss=false",
+    )
+    check_bounds(metrics, record, 0.5, 1)
+    later = metrics[1:]  # step 1 includes the engines' warm-up
+    assert statistics.median(m["queue/depth"] for m in later) == 0
+    assert statistics.mean(m["trainer/idle_ratio"] for m in later) > 0.3
