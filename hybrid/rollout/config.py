@@ -31,6 +31,8 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     top_k: int = -1
     """Top-k sampling (-1 = off)."""
+    ignore_eos: bool = False
+    """Generate every response to its budget, past end-of-sequence (benchmarks of length)."""
     seed: int = 0
     """Base sampling seed; row i of a call samples with seed + its `seed` column or index."""
     gpu_memory_utilization: float = 0.5

@@ -137,6 +137,7 @@ class VllmEngine:
                 max_tokens=budget,
                 logprobs=0,
                 seed=seed,
+                ignore_eos=c.ignore_eos,
             )
 
         budgets = [c.response_length] * len(prompts) if max_tokens is None else max_tokens
@@ -166,6 +167,7 @@ class VllmEngine:
                 max_tokens=r.max_tokens,
                 logprobs=0,
                 seed=r.seed,
+                ignore_eos=c.ignore_eos,
             )
             for r in requests
         ]

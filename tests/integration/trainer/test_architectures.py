@@ -9,8 +9,10 @@ first sync must fill every tensor; the checkpoints get random biases and norm sc
 builder's are 0 and 1, which a missed tensor's dummy values would come too close to).
 
 Runtime: every case starts its own 2-worker group (Ray actors, FSDP2, vLLM), ~20-30 s each on
-2 cores. By default the full fine-tuning of every family, LoRA on Llama and both direct-sync
-families run; LoRA with the `auto` sync on the other families is marked `full` (`-m full`).
+2 cores. By default every family runs at least once: the full fine-tuning of Llama, tied
+Qwen2 and Mistral with the `auto` sync, untied Qwen2 and Qwen3 through their direct-sync cells
+(Qwen3 with LoRA too), and LoRA on Llama with `auto`; the other cells are marked `full`
+(`-m full`).
 """
 
 from __future__ import annotations
@@ -48,8 +50,21 @@ DIRECT_MODELS = ("qwen2_untied", "qwen3")
 LORA_AUTO_BY_DEFAULT = "llama"
 
 
+# Families whose full fine-tuning runs by default through their direct-sync cell only, and
+# the direct LoRA cell of the untied family (the tied one keeps LoRA + direct covered).
+FULL_ONLY = {
+    ("qwen2_untied", "full", "auto"),
+    ("qwen3", "full", "auto"),
+    ("qwen2_untied", "lora", "fp16-direct"),
+}
+
+
 def _case(model: str, finetuning: str, sync: str) -> object:
-    slow = finetuning == "lora" and sync == "auto" and model != LORA_AUTO_BY_DEFAULT
+    slow = (finetuning == "lora" and sync == "auto" and model != LORA_AUTO_BY_DEFAULT) or (
+        model,
+        finetuning,
+        sync,
+    ) in FULL_ONLY
     return pytest.param(
         model,
         finetuning,

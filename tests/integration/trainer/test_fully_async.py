@@ -91,55 +91,61 @@ def check_bounds(metrics: list[dict], record: dict, threshold: float, max_lag: i
     check_accounting(record)
 
 
-@pytest.mark.parametrize(
-    ("max_lag", "threshold", "method"),
-    [
-        (1, 0.1, "nccl"),
-        (2, 0.5, "memory"),
-        pytest.param(1, 0.5, "checkpoint", marks=pytest.mark.full),
-        pytest.param(2, 0.1, "memory", marks=pytest.mark.full),
-    ],
-)
-def test_staleness_stays_bounded_over_a_run(
-    assets: Path, tmp_path: Path, max_lag: int, threshold: float, method: str
-) -> None:
-    """50 steps with partial rollouts (chunks of 2 tokens out of 8): the per-token lag, the
-    Rollouter's pace and the drops (counted, never trained) all hold their bounds."""
+# (max_version_lag, staleness_threshold, sync.method, chunk_tokens, response_length)
+STALENESS_CELLS = [
+    # Plan 2 with 2-token chunks of 8-token responses.
+    (1, 0.1, "nccl", 2, 8),
+    # One token per chunk of 16-token responses with the Rollouter ahead: nearly every sync
+    # lands while samples are generating (the sync race), long groups outlive the bound.
+    (2, 0.5, "memory", 1, 16),
+]
+FULL_STALENESS_CELLS = [(1, 0.5, "checkpoint", 2, 8), (2, 0.1, "memory", 2, 8)]
+
+
+def staleness_run(
+    assets: Path, out: Path, max_lag: int, threshold: float, method: str, chunk: int, length: int
+) -> tuple[list[dict], dict]:
+    """50 steps with partial rollouts; the per-token lag, the Rollouter's pace and the drops
+    (counted, never trained) all hold their bounds."""
     metrics, record = run_async(
         assets,
-        tmp_path / "run",
+        out,
         50,
         f"sync.method={method}",
         f"fully_async.max_version_lag={max_lag}",
         f"fully_async.staleness_threshold={threshold}",
-        "fully_async.chunk_tokens=2",
-        "rollout.response_length=8",
+        f"fully_async.chunk_tokens={chunk}",
+        f"rollout.response_length={length}",
     )
     check_bounds(metrics, record, threshold, max_lag)
+    return metrics, record
+
+
+def test_staleness_stays_bounded_over_a_run(assets: Path, tmp_path: Path) -> None:
+    staleness_run(assets, tmp_path / "run", *STALENESS_CELLS[0])
 
 
 def test_syncs_in_the_middle_of_generations(assets: Path, tmp_path: Path) -> None:
-    """One token per chunk, long responses and the Rollouter a version ahead: nearly every
-    sync lands while samples are being generated. None is lost, the continued samples mix
-    versions, and the tokens generated after a sync get the trainer's log-probs under it."""
-    metrics, record = run_async(
-        assets,
-        tmp_path / "run",
-        25,
-        "sync.method=memory",
-        "fully_async.staleness_threshold=1",
-        "fully_async.max_version_lag=3",
-        "fully_async.chunk_tokens=1",
-        "rollout.response_length=16",
-    )
-    check_bounds(metrics, record, 1.0, 3)
+    """The second staleness cell, read for the sync race: at least 20 syncs landed while
+    samples were generating and none was lost (check_accounting), the continued samples mix
+    versions, and the tokens generated after a sync were checked against the trainer's
+    log-probs under that version (rollout/logprob_diff_max on fresh tokens, check_bounds)."""
+    metrics, _ = staleness_run(assets, tmp_path / "run", *STALENESS_CELLS[1])
     assert metrics[-1]["rollouter/syncs_mid_generation"] >= 20
     partial = [m for m in metrics if m["partial/ratio"] > 0]
     assert partial, "no trained sample mixed weight versions"
     assert max(m["partial/version_span_max"] for m in metrics) >= 1
-    # Tokens a continued sample got after the sync carry the version the trainer holds at
-    # its next step: they are fresh there and were checked against the trainer's log-probs.
+    # Tokens a continued sample got after the sync carry the version the trainer holds when
+    # it takes the group: they are fresh there.
     assert sum(m["rollout/fresh_tokens"] for m in partial) > 0
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("cell", FULL_STALENESS_CELLS)
+def test_staleness_stays_bounded_in_every_cell(
+    assets: Path, tmp_path: Path, cell: tuple[int, float, str, int, int]
+) -> None:
+    staleness_run(assets, tmp_path / "run", *cell)
 
 
 def test_a_slow_rollouter_makes_the_run_synchronous(assets: Path, tmp_path: Path) -> None:
