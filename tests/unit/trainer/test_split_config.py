@@ -56,3 +56,56 @@ def test_checkpoint_method_with_a_directory_builds(tmp_path: Path) -> None:
 def test_the_trainer_group_size_sets_the_divisibility_rule() -> None:
     with pytest.raises(ValueError, match=r"divisible by trainer\.num_trainer_workers \(3\)"):
         split_config("trainer.num_trainer_workers=3")
+
+
+def test_the_fully_async_sizes() -> None:
+    config = split_config(
+        "fully_async.enable=true",
+        "fully_async.require_batches=2",
+        "fully_async.trigger_parameter_sync_step=3",
+        "algorithm.ppo_mini_batch_size=4",
+    )
+    assert config.groups_per_update == 8 and config.groups_per_version == 24
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("fully_async.enable=true", "trainer.placement=colocated"),
+            r"fully_async\.enable needs trainer\.placement=split",
+        ),
+        (
+            ("fully_async.enable=true", "sync.offset=1", "sync.max_staleness=1"),
+            r"leave sync\.style=fixed, sync\.interval=1, sync\.offset=0",
+        ),
+        (
+            ("fully_async.staleness_threshold=-0.1",),
+            r"fully_async\.staleness_threshold must be >= 0",
+        ),
+        (("fully_async.max_version_lag=-1",), r"fully_async\.max_version_lag must be >= 0"),
+        (("fully_async.chunk_tokens=0",), r"fully_async\.chunk_tokens must be > 0"),
+        (("fully_async.require_batches=0",), r"fully_async\.require_batches must be > 0"),
+        (("algorithm.off_policy_correction=sometimes",), r"algorithm\.off_policy_correction must"),
+        (("algorithm.importance_cap=0",), r"algorithm\.importance_cap must be > 0"),
+        (("algorithm.mask_version_lag=-1",), r"algorithm\.mask_version_lag must be >= 0"),
+        (
+            ("algorithm.off_policy_correction=mask", "trainer.placement=colocated"),
+            r"off_policy_correction=mask needs trainer\.placement=split",
+        ),
+        (
+            ("algorithm.off_policy_correction=tis", "actor.tis_cap=2.0"),
+            r"either algorithm\.off_policy_correction=tis .* or actor\.tis_cap",
+        ),
+    ],
+)
+def test_bad_fully_async_input_names_the_field(overrides: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        split_config(*overrides)
+
+
+def test_the_correction_reaches_the_actor() -> None:
+    decoupled = split_config("algorithm.off_policy_correction=decoupled").worker_config().actor
+    assert decoupled.decoupled_cap == 2.0 and decoupled.tis_cap is None
+    tis = split_config("algorithm.off_policy_correction=tis", "algorithm.importance_cap=3")
+    assert tis.worker_config().actor.tis_cap == 3.0

@@ -1,0 +1,38 @@
+"""The fully-async driver's pure parts: one train step's metrics from its updates."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybrid.trainer.fully_async import merge_updates
+
+pytestmark = pytest.mark.unit
+
+
+def test_merge_updates_sums_counts_and_seconds_and_keeps_maxima() -> None:
+    parts = [
+        {
+            "reward/mean": 0.25,
+            "sample/version_lag_max": 1.0,
+            "response_length/max": 8.0,
+            "timing_s/update_actor": 0.5,
+            "perf/tokens": 100.0,
+            "rollout/fresh_tokens": 10.0,
+        },
+        {
+            "reward/mean": 0.75,
+            "sample/version_lag_max": 2.0,
+            "response_length/max": 5.0,
+            "timing_s/update_actor": 0.25,
+            "perf/tokens": 60.0,
+            "rollout/fresh_tokens": 0.0,
+        },
+    ]
+    assert merge_updates(parts) == {
+        "reward/mean": 0.5,
+        "sample/version_lag_max": 2.0,
+        "response_length/max": 8.0,
+        "timing_s/update_actor": 0.75,
+        "perf/tokens": 160.0,
+        "rollout/fresh_tokens": 10.0,
+    }
