@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="fully_async.chunk_tokens of plan 2")
     parser.add_argument("--threshold", type=float, default=1.0)
     parser.add_argument("--max-lag", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -117,9 +118,10 @@ def main() -> None:
         ]
         cfg = compose_run(root, "config", args.steps, overrides)
         per_step = cfg.data.train_batch_size * cfg.rollout.n
-        measured: dict[str, list[dict[str, Any]]] = {name: [] for name in MODES}
+        measured: dict[str, list[dict[str, Any]]] = {name: [] for name in args.modes}
         for round_index in range(args.rounds):
-            for name, mode in MODES.items():
+            for name in args.modes:
+                mode = MODES[name]
                 run_name = f"{name}_{round_index}"
                 rows = run_any(root, run_name, args.steps, [*mode, *overrides])
                 rows = rows[args.warmup :]
@@ -130,14 +132,18 @@ def main() -> None:
                 key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]
             }
             print(f"{name:16s} {report[name]}")
-    on_policy = report["split_on_policy"]["tokens_per_s"]
-    for name in ("colocated", "async_plan1", "async_plan2"):
-        report[f"{name}_over_split_on_policy"] = round(report[name]["tokens_per_s"] / on_policy, 3)
-    print(
-        "plan 2 / split on-policy tokens/s: "
-        f"{report['async_plan2_over_split_on_policy']} (target >= 1.5), trainer idle "
-        f"{report['async_plan2']['trainer_idle_ratio']} (target < 0.2)"
-    )
+    if "split_on_policy" in report:
+        on_policy = report["split_on_policy"]["tokens_per_s"]
+        for name in ("colocated", "async_plan1", "async_plan2"):
+            if name in report:
+                ratio = round(report[name]["tokens_per_s"] / on_policy, 3)
+                report[f"{name}_over_split_on_policy"] = ratio
+    if "async_plan2_over_split_on_policy" in report:
+        print(
+            "plan 2 / split on-policy tokens/s: "
+            f"{report['async_plan2_over_split_on_policy']} (target >= 1.5), trainer idle "
+            f"{report['async_plan2']['trainer_idle_ratio']} (target < 0.2)"
+        )
     print(json.dumps(report))
 
 

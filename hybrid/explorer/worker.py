@@ -132,11 +132,11 @@ class ExplorerWorker(Worker):
         }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream(self, prompts: Batch | None, queue: Any, max_tokens: int) -> dict[str, float]:
+    def stream(self, prompts: Batch | None, queue: Any, max_steps: int | None) -> dict[str, float]:
         """Fully-async: take this rank's share of `prompts` (every dp_size-th row; None: no new
-        rows) into the samples in flight, generate at most `max_tokens` more tokens of each
-        with the weights held, and put the groups that finished into `queue` (a
-        MessageQueue actor; the first rank of each TP group puts them)."""
+        rows) into the samples in flight, step the engine `max_steps` times (None: until
+        every sample finished) with the weights held, and put the groups that finished into
+        `queue` (a MessageQueue actor; the first rank of each TP group puts them)."""
         started = time.perf_counter()
         flight = self._in_flight
         if prompts is not None:
@@ -148,18 +148,32 @@ class ExplorerWorker(Worker):
             for row, ids in enumerate(prompt_ids):
                 uid = str(share.non_tensors["uid"][row])
                 flight.add(uid, ids, row_metadata(share, row), budgets[row])
-        requests = flight.requests(max_tokens)
-        generated = self.engine.generate_each(requests) if requests else []
-        groups = flight.advance(generated, self.version, self._decode)
+        for request_id, request in flight.to_submit():
+            self.engine.submit(request_id, request)
+        groups: list[list[Sample]] = []
+        tokens = steps = 0
+        while self.engine.has_unfinished() and (max_steps is None or steps < max_steps):
+            for request_id, new, finished in self.engine.step():
+                tokens += len(new.token_ids)
+                group = flight.record(request_id, new, finished, self.version, self._decode)
+                if group is not None:
+                    groups.append(group)
+            steps += 1
         first = self.parallel.tp_rank == 0
         if groups and first:
             ray.get(queue.put.remote(groups))
         return {
             "groups_done": float(len(groups) if first else 0),
             "pending_groups": float(flight.groups if first else 0),
-            "tokens": float(sum(len(g.token_ids) for g in generated) if first else 0),
+            "tokens": float(tokens if first else 0),
             "gen_s": time.perf_counter() - started,
         }
+
+    def _interrupt_streaming(self) -> None:
+        """Take the fully-async requests out of the engine before anything else uses it (a
+        weight load, a validation generate, a scoring pass): they continue from their tokens
+        at the next `stream`."""
+        self.engine.abort(self._in_flight.interrupt())
 
     def _decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
@@ -174,6 +188,7 @@ class ExplorerWorker(Worker):
         )
 
     def _generate(self, prompts: Batch, greedy: bool = False) -> list[Sample]:
+        self._interrupt_streaming()
         c = self.config.rollout
         n = 1 if greedy else c.n
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
@@ -193,6 +208,7 @@ class ExplorerWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_engine_log_prob(self, batch: Batch) -> Batch:
         """The engine's log-probs of the given responses under the weights it holds."""
+        self._interrupt_streaming()
         sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
         shared, mine = gather_across_tp(self.parallel, sequences)
         scores = self.engine.score(shared)[mine]
@@ -204,6 +220,7 @@ class ExplorerWorker(Worker):
 
     def _load(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         started = time.perf_counter()
+        self._interrupt_streaming()
         self.loader.load(weights)
         # Cached prefixes were computed by the old weights.
         self.engine.llm.reset_prefix_cache()

@@ -151,33 +151,41 @@ class VllmEngine:
         )
         return [_sample(completion) for out in outputs for completion in out.outputs]
 
-    def generate_each(self, requests: Sequence[Continuation]) -> list[GeneratedSample]:
-        """One sample per request, each with its own max_tokens and seed (the partial
-        rollouts of the fully-async mode: a request carries the prompt plus the tokens
-        generated so far, and continues it under the weights loaded now)."""
+    # --- step by step (the fully-async mode's partial rollouts) ---------------------------
+
+    def submit(self, request_id: str, request: Continuation) -> None:
+        """Queue one sample's request; `step` advances it, its outputs arrive as deltas."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         c = self.config
-        params = [
-            SamplingParams(
-                temperature=c.temperature,
-                top_p=c.top_p,
-                top_k=c.top_k,
-                max_tokens=r.max_tokens,
-                logprobs=0,
-                seed=r.seed,
-                ignore_eos=c.ignore_eos,
-            )
-            for r in requests
-        ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests],
-            params,
-            use_tqdm=False,
-            lora_request=self.lora_request,
+        params = SamplingParams(
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            max_tokens=request.max_tokens,
+            logprobs=0,
+            seed=request.seed,
+            ignore_eos=c.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
         )
-        return [_sample(out.outputs[0]) for out in outputs]
+        prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
+        self.llm.llm_engine.add_request(request_id, prompt, params, lora_request=self.lora_request)
+
+    def step(self) -> list[tuple[str, GeneratedSample, bool]]:
+        """One engine step: (request id, the tokens it added, finished) per request that
+        produced output."""
+        outputs: list[Any] = self.llm.llm_engine.step()  # RequestOutputs (no pooling here)
+        return [(out.request_id, _sample(out.outputs[0]), out.finished) for out in outputs]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop submitted requests (their outputs so far were already returned by `step`)."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(request_ids)
 
     def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
         """Log-probs of every token after the first; `with_adapter=False` scores the base."""
