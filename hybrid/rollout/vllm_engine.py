@@ -169,6 +169,9 @@ class VllmEngine:
             seed=request.seed,
             ignore_eos=c.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            # The caller decodes a finished response once; per-step text would cost a
+            # detokenizer pass per request per step.
+            detokenize=False,
         )
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
         self.llm.llm_engine.add_request(request_id, prompt, params, lora_request=self.lora_request)

@@ -111,8 +111,9 @@ class FullyAsyncConfig:
     """Hard bound: a group whose oldest token lags more versions than this when the trainer
     takes it is dropped (and counted), never trained on."""
     chunk_tokens: int = 8
-    """Plan 2: tokens generated between two chances to load new weights (the longest a
-    published version waits for the Rollouter)."""
+    """Plan 2: engine steps (about one token of every sample in flight each) between two
+    chances to load new weights: the longest a published version waits for the Rollouter.
+    Unfinished samples stay in the engine from one chunk to the next."""
 
     def __post_init__(self) -> None:
         if self.staleness_threshold < 0:

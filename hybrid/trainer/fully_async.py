@@ -75,7 +75,7 @@ class FullyAsyncTrainer(SplitTrainer):
             self.queue,
             self.next_prompts,
             self.sides.explorer_catch_up,
-            groups_in_flight=c.data.train_batch_size,
+            groups_in_flight=self.budget if fa.partial_rollout else c.data.train_batch_size,
             max_steps=fa.chunk_tokens if fa.partial_rollout else None,
             partial_rollout=fa.partial_rollout,
             on_error=self._rollouter_failed,
