@@ -149,6 +149,7 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     assert len({tuple(row) for row in peft_tokens}) > 1, peft_tokens
 
 
+@pytest.mark.full  # LoRA + the direct sync run by default in test_architectures.py (qwen3)
 def test_lora_run_with_an_fp16_engine_takes_the_direct_sync_where_weights_are_plain(
     lora_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -171,6 +172,7 @@ def test_lora_run_with_an_fp16_engine_takes_the_direct_sync_where_weights_are_pl
     assert metrics[1]["sync/tensors"] == ADAPTER_TENSORS
 
 
+@pytest.mark.full  # resume runs by default in test_grpo_e2e.py and test_multi_node.py
 def test_a_resumed_lora_run_reproduces_the_uninterrupted_one(
     lora_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
