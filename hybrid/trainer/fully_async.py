@@ -70,6 +70,8 @@ class FullyAsyncTrainer(SplitTrainer):
             c.rollout.n, self.budget, fa.max_version_lag, start_version=self.step
         )
         self.sides.start(self.step)
+        # Plan 2 keeps as many groups in the engine as the staleness rule allows (a step costs
+        # about the same with more sequences); plan 1 generates batches of train_batch_size.
         self.rollouter = Rollouter(
             self.explorers,
             self.queue,
