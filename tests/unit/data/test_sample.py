@@ -4,13 +4,13 @@ placement uses), the per-token lists' checks, version lag."""
 import pytest
 import torch
 
+from hybrid.algorithms.off_policy import version_lag
 from hybrid.data.sample import (
     NO_VERSION,
     Sample,
     SampleStatus,
     position_ids_from_mask,
     samples_to_batch,
-    version_lag,
 )
 
 pytestmark = pytest.mark.unit
