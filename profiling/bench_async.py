@@ -11,6 +11,11 @@ Four modes on the same cores, interleaved round by round (A B C D A B C D):
   split_on_policy    1 explorer + 1 trainer, lag 0
   async_plan1        fully_async, new weights between whole generation batches
   async_plan2        fully_async with partial rollouts (chunks of `--chunk` tokens)
+Every mode updates the actor per mini-batch of `--mini-batch` prompt groups (4 optimizer steps
+per train batch of 16 by default); the fully-async modes publish a version after a train batch
+worth of them (`trigger_parameter_sync_step` = train_batch_size / mini-batch), so every mode
+trains the same samples with the same updates per version. The mini-batches are what lets the
+fully-async trainer start as soon as a few groups are there instead of waiting for the long tail.
 Each prints trained response tokens per second over the steps after `--warmup` (from the
 wall-clock step periods, `timing_s/elapsed`), the trainer's and the Rollouter's idle ratios and
 the dropped groups. Targets: plan 2 >= 1.5x split on-policy tokens/s, trainer idle < 0.2.
@@ -96,6 +101,7 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=128)
     parser.add_argument("--long-every", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=8, help="fully_async.chunk_tokens of plan 2")
+    parser.add_argument("--mini-batch", type=int, default=4, help="algorithm.ppo_mini_batch_size")
     parser.add_argument("--threshold", type=float, default=1.0)
     parser.add_argument("--max-lag", type=int, default=4)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -107,6 +113,7 @@ def main() -> None:
         root = Path(tmp)
         write_task(root, args.short, args.long, args.long_every)
         overrides = [
+            f"algorithm.ppo_mini_batch_size={args.mini_batch}",
             f"rollout.response_length={args.long}",
             f"rollout.max_model_len={args.long + 32}",
             f"fully_async.chunk_tokens={args.chunk}",
@@ -118,6 +125,13 @@ def main() -> None:
         ]
         cfg = compose_run(root, "config", args.steps, overrides)
         per_step = cfg.data.train_batch_size * cfg.rollout.n
+        if cfg.data.train_batch_size % args.mini_batch:
+            raise SystemExit(
+                f"--mini-batch {args.mini_batch} must divide data.train_batch_size "
+                f"{cfg.data.train_batch_size}"
+            )
+        updates_per_version = cfg.data.train_batch_size // args.mini_batch
+        overrides.append(f"fully_async.trigger_parameter_sync_step={updates_per_version}")
         measured: dict[str, list[dict[str, Any]]] = {name: [] for name in args.modes}
         for round_index in range(args.rounds):
             for name in args.modes:

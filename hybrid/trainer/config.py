@@ -56,9 +56,10 @@ class AlgorithmConfig:
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (times rollout.n rows), across all workers."""
     skip_old_log_prob: bool = True
-    """When the update is on-policy (actor.ppo_epochs 1 and one mini-batch per step), take
-    the old log-probs from the update's own forward instead of a separate pass (the ratio is
-    exactly 1). False runs the pass anyway (the before/after benchmark)."""
+    """When the update is on-policy (actor.ppo_epochs 1 and one mini-batch per update: per
+    train step colocated, per take with fully_async), take the old log-probs from the update's
+    own forward instead of a separate pass (the ratio is exactly 1). False runs the pass anyway
+    (the before/after benchmark)."""
     off_policy_correction: OffPolicyCorrection = "none"
     """How the update treats tokens sampled by older weights (split and fully-async runs):
     none: PPO against the trainer's own log-probs before the update; tis: those tokens'
@@ -423,12 +424,21 @@ class TrainerRunConfig:
 
     @property
     def on_policy_update(self) -> bool:
-        """One epoch over one mini-batch: the old log-probs are the update's own (its ratio
-        is exactly 1), so the separate old-log-prob pass is skipped."""
+        """One epoch over one mini-batch: the old log-probs (taken under the weights the update
+        starts from) are the update's own first pass, its ratio exactly 1, so the separate
+        old-log-prob pass is skipped. Colocated: a train batch is one update; fully_async: what
+        the trainer takes for one update. Split keeps the pass: some of its rows are the probes
+        that check each explorer's copy of the version (SyncSides)."""
+        if self.fully_async.enable:
+            groups = self.groups_per_update
+        elif self.trainer.placement == "colocated":
+            groups = self.data.train_batch_size
+        else:
+            return False
         return (
             self.algorithm.skip_old_log_prob
             and self.actor.ppo_epochs == 1
-            and self.algorithm.ppo_mini_batch_size == self.data.train_batch_size
+            and self.algorithm.ppo_mini_batch_size == groups
         )
 
     @property

@@ -291,11 +291,15 @@ class SplitTrainer(GRPOTrainer):
                 f"step {self.step}: a sample lags {int(lag.max())} versions, more than the "
                 f"bound ({lag_bound}): the schedule is broken"
             )
+        # Tokens sampled by the weights the trainer holds: their log-probs must match.
+        fresh = mask * (versions == trained_on)
+        if c.on_policy_update:  # the update's own first pass checks them
+            rollout = rollout.union(Batch.from_dict({"fresh_mask": fresh}))
         t0 = time.perf_counter()
         ref_future = (
             self.reference.compute_ref_log_prob.submit(rollout) if c.actor.use_kl_loss else None
         )
-        old_future = self.actor.compute_log_prob.submit(rollout)
+        old_future = None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout)
         scores, metrics = self.rewards.score(rollout)
         advantages = compute_grpo_advantages(
             scores, rollout["uid"], norm_by_std=c.algorithm.norm_adv_by_std
@@ -305,7 +309,8 @@ class SplitTrainer(GRPOTrainer):
         )
         if ref_future is not None:
             rollout = rollout.union(ref_future.get())
-        rollout = rollout.union(old_future.get())
+        if old_future is not None:
+            rollout = rollout.union(old_future.get())
         scoring_s = time.perf_counter() - t0
         trained = rollout
         if c.algorithm.off_policy_correction == "mask":
@@ -318,19 +323,18 @@ class SplitTrainer(GRPOTrainer):
         update = reduce_over_ranks(self.actor.update_actor(trained[order]))
         update_s = time.perf_counter() - t0
         worker = reduce_over_ranks(self.actor.pop_metrics())
-        # The sync check: tokens the explorer sampled with the weights the trainer scored
-        # them with must get the same log-probs from both.
-        fresh = mask * (versions == trained_on)
-        t = rollout.tensors
-        diff_mean, diff_max = masked_stats(t["rollout_log_probs"] - t["old_log_probs"], fresh)
+        if not c.on_policy_update:  # else the update's own pass reported the sync check
+            t = rollout.tensors
+            diff_mean, diff_max = masked_stats(t["rollout_log_probs"] - t["old_log_probs"], fresh)
+            update.update(
+                {"rollout/logprob_diff_mean": diff_mean, "rollout/logprob_diff_max": diff_max}
+            )
         metrics.update(update)
         metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
         metrics.update(version_stats(versions, mask, trained_on))
         lengths = mask.sum(-1)
         metrics.update(
             {
-                "rollout/logprob_diff_mean": diff_mean,
-                "rollout/logprob_diff_max": diff_max,
                 "rollout/fresh_tokens": float(fresh.sum()),
                 "sync/version": float(trained_on),
                 "sync/version_lag_mean": metrics["sample/version_lag_mean"],

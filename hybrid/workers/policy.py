@@ -197,32 +197,37 @@ def _global_sum(value: float, device: torch.device) -> float:
 
 class FirstPassStats:
     """What the skipped old-log-prob pass would have reported, from the update's own pass:
-    |rollout - actor| log-prob gaps and the actor's entropy, over every rank's tokens."""
+    |rollout - actor| log-prob gaps and the actor's entropy, over every rank's tokens. The gaps
+    cover the batch's `fresh_mask` where it has one (decoupled modes: the tokens sampled by the
+    weights the actor holds; older tokens differ by design)."""
 
     def __init__(self) -> None:
-        self.diff_sum = self.diff_max = self.entropy_sum = self.tokens = 0.0
+        self.diff_sum = self.diff_max = self.compared = self.entropy_sum = self.tokens = 0.0
 
     def add(self, micro: Batch, log_prob: torch.Tensor, entropy: torch.Tensor) -> None:
         mask = micro.tensors["response_mask"].bool()
-        diff = (micro.tensors["rollout_log_probs"] - log_prob).abs()[mask]
+        compared = micro.tensors.get("fresh_mask", mask).bool() & mask
+        diff = (micro.tensors["rollout_log_probs"] - log_prob).abs()[compared]
         if diff.numel():
             self.diff_sum += float(diff.sum())
             self.diff_max = max(self.diff_max, float(diff.max()))
+            self.compared += diff.numel()
         self.entropy_sum += float(entropy[mask].sum())
         self.tokens += float(mask.sum())
 
     def metrics(self, device: torch.device) -> dict[str, float]:
         sums = torch.tensor(
-            [self.diff_sum, self.entropy_sum, self.tokens], dtype=torch.float64, device=device
+            [self.diff_sum, self.compared, self.entropy_sum, self.tokens],
+            dtype=torch.float64,
+            device=device,
         )
         peak = torch.tensor([self.diff_max], dtype=torch.float64, device=device)
         if dist.is_initialized():
             dist.all_reduce(sums)
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        diff_sum, entropy_sum, tokens = sums.tolist()
-        tokens = max(tokens, 1.0)
+        diff_sum, compared, entropy_sum, tokens = sums.tolist()
         return {
-            "rollout/logprob_diff_mean": diff_sum / tokens,
+            "rollout/logprob_diff_mean": diff_sum / max(compared, 1.0),
             "rollout/logprob_diff_max": float(peak.item()),
-            "actor/entropy_old": entropy_sum / tokens,
+            "actor/entropy_old": entropy_sum / max(tokens, 1.0),
         }

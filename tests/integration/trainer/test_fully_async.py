@@ -1,5 +1,5 @@
-"""fully_async.enable end to end: the staleness bounds held over whole runs, syncs in the middle
-of generations (partial rollouts), and a Rollouter slower than the trainer.
+"""fully_async.enable end to end: the staleness bounds held over whole runs, syncs forced into
+the middle of generations (partial rollouts), and a Rollouter slower than the trainer.
 
 Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
 trainer worker on the tiny demo model. The bounds are checked from what the run recorded
@@ -71,7 +71,13 @@ def check_accounting(record: dict) -> None:
     assert a["trained"] == len(record["taken_lags"])
 
 
-def check_bounds(metrics: list[dict], record: dict, threshold: float, max_lag: int) -> None:
+def check_bounds(
+    metrics: list[dict],
+    record: dict,
+    threshold: float,
+    max_lag: int,
+    groups_per_version: int = GROUPS_PER_VERSION,
+) -> None:
     # No trained token lags more than the bound (from the tokens' own versions).
     for m in metrics:
         assert m["sample/version_lag_max"] <= max_lag, m
@@ -82,12 +88,12 @@ def check_bounds(metrics: list[dict], record: dict, threshold: float, max_lag: i
     assert metrics[-1]["queue/dropped_stale"] == len(record["dropped_lags"])
     # The Rollouter never ran further ahead than the threshold allows: holding version v it
     # had started at most (groups trained by v) + floor((1 + threshold) x per version) live
-    # groups. Every train step trains GROUPS_PER_VERSION groups, so trained_at(v) = 4 v.
-    budget = math.floor((1 + threshold) * GROUPS_PER_VERSION + 1e-9)
+    # groups. Every train step trains groups_per_version groups: trained_at(v) = that x v.
+    budget = math.floor((1 + threshold) * groups_per_version + 1e-9)
     assert record["budget"] == budget
     for grant in record["admissions"]:
         live = grant["started"] - grant["dropped"]
-        assert live <= GROUPS_PER_VERSION * grant["version"] + budget, grant
+        assert live <= groups_per_version * grant["version"] + budget, grant
     check_accounting(record)
 
 
@@ -95,9 +101,8 @@ def check_bounds(metrics: list[dict], record: dict, threshold: float, max_lag: i
 FAST_ROLLOUTER = (1, 0.1, "nccl", 2, 8)
 """Plan 2 with 2-step chunks of 8-token responses: generation outpaces the update."""
 SLOW_ROLLOUTER = (2, 0.5, "memory", 1, 64)
-"""One engine step per Rollouter turn and responses of up to 64 tokens, their lengths spread
-by the model's own stops: the Rollouter is the slower side, groups finish one by one, so new
-ones are always starting and most syncs land while samples are generating."""
+"""One engine step per Rollouter turn and responses of up to 64 tokens: the Rollouter is the
+slower side."""
 FULL_STALENESS_CELLS = [(1, 0.5, "checkpoint", 2, 8), (2, 0.1, "memory", 2, 8)]
 STEPS = 50
 
@@ -122,27 +127,18 @@ def staleness_run(
     return metrics, record
 
 
-@pytest.fixture(scope="module")
-def slow_rollouter_run(
-    assets: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[list[dict], dict]:
-    return staleness_run(assets, tmp_path_factory.mktemp("slow") / "run", *SLOW_ROLLOUTER)
-
-
 def test_staleness_stays_bounded_with_a_fast_rollouter(assets: Path, tmp_path: Path) -> None:
     metrics, _ = staleness_run(assets, tmp_path / "run", *FAST_ROLLOUTER)
     # Generation outpaces the update: the Rollouter waits at its budget, the trainer rarely.
     assert statistics.mean(m["rollouter/idle_ratio"] for m in metrics[1:]) > 0.2
 
 
-def test_staleness_stays_bounded_with_a_slow_rollouter(
-    slow_rollouter_run: tuple[list[dict], dict],
-) -> None:
+def test_staleness_stays_bounded_with_a_slow_rollouter(assets: Path, tmp_path: Path) -> None:
     """The seed's failure mode: the Rollouter slower than the trainer. The trainer waits for
     most of every step (the queue is empty when it asks) while the Rollouter is the busy side:
     synchronous training at the Rollouter's pace, nothing trained beyond the bound (the run's
     check_bounds)."""
-    metrics, _ = slow_rollouter_run
+    metrics, _ = staleness_run(assets, tmp_path / "run", *SLOW_ROLLOUTER)
     later = metrics[1:]  # step 1 includes the engines' warm-up
     # Measured: trainer 0.40-0.63, Rollouter 0.02 (the ratios move with the machine's load).
     trainer = statistics.mean(m["trainer/idle_ratio"] for m in later)
@@ -150,13 +146,34 @@ def test_staleness_stays_bounded_with_a_slow_rollouter(
     assert trainer > 2 * statistics.mean(m["rollouter/idle_ratio"] for m in later)
 
 
-@pytest.mark.full  # timing-bound: 6 such syncs in a loaded fresh-clone CI run, 11 in 15 steps quiet
-def test_syncs_in_the_middle_of_generations(slow_rollouter_run: tuple[list[dict], dict]) -> None:
-    """The slow-Rollouter run read for the sync race: at least 20 syncs landed while samples
-    were generating and none was lost (check_accounting), the continued samples mix versions,
-    and the tokens generated after a sync were checked against the trainer's log-probs under
-    that version (rollout/logprob_diff_max on fresh tokens, check_bounds)."""
-    metrics, _ = slow_rollouter_run
+RACE_STEPS = 26  # the first two syncs come before any group could finish
+RACE_BUDGET = 4  # groups: one per version, staleness_threshold 3
+
+
+def test_twenty_syncs_in_the_middle_of_generations(assets: Path, tmp_path: Path) -> None:
+    """The sync race, forced: every version trains one group, the Rollouter may run four
+    ahead, and every response is 32 tokens (ignore_eos) generated one engine step per turn.
+    The groups start one per publish and take many trainer steps to finish, so when the
+    trainer publishes, the groups started after the one it took are still generating: each
+    sync lands mid-generation. At least 20 of them, and none lost a group (check_accounting):
+    the continued samples mix versions, and the tokens generated after a sync were checked
+    against the trainer's log-probs under that version (fresh tokens, check_bounds)."""
+    threshold, max_lag = RACE_BUDGET - 1.0, RACE_BUDGET
+    metrics, record = run_async(
+        assets,
+        tmp_path / "run",
+        RACE_STEPS,
+        "sync.method=memory",
+        "algorithm.ppo_mini_batch_size=1",
+        "actor.micro_batch_size=4",
+        f"fully_async.staleness_threshold={threshold}",
+        f"fully_async.max_version_lag={max_lag}",
+        "fully_async.chunk_tokens=1",
+        "rollout.ignore_eos=true",
+        "rollout.response_length=32",
+        "rollout.max_model_len=64",
+    )
+    check_bounds(metrics, record, threshold, max_lag, groups_per_version=1)
     assert metrics[-1]["rollouter/syncs_mid_generation"] >= 20
     partial = [m for m in metrics if m["partial/ratio"] > 0]
     assert partial, "no trained sample mixed weight versions"

@@ -117,6 +117,14 @@ def test_an_on_policy_update_skips_the_old_log_prob_pass(model: torch.nn.Module)
     assert skipped["rollout/logprob_diff_mean"] == pytest.approx(float(gaps.mean()), rel=1e-5)
     entropy_old = float(current["entropy"][mask].mean())
     assert skipped["actor/entropy_old"] == pytest.approx(entropy_old, rel=1e-5)
+    # Decoupled modes mark the tokens sampled by the held weights: only those are compared.
+    fresh = torch.zeros_like(batch.tensors["response_mask"])
+    fresh[2:, 1:] = 1  # rows 2-3 from their second token
+    with_fresh = without.union(Batch.from_dict({"fresh_mask": fresh}))
+    marked, _ = _update(model, config, with_fresh, passes)
+    fresh_gaps = (batch.tensors["rollout_log_probs"] - current["log_probs"]).abs()[fresh.bool()]
+    assert marked["rollout/logprob_diff_max"] == pytest.approx(float(fresh_gaps.max()), rel=1e-5)
+    assert marked["rollout/logprob_diff_mean"] == pytest.approx(float(fresh_gaps.mean()), rel=1e-5)
     # More than one optimizer step needs the old log-probs of before the first one.
     with pytest.raises(KeyError, match="old_log_probs unless the update is on-policy"):
         _update(model, ActorConfig(micro_batch_size=2, ppo_epochs=2), without, passes)
