@@ -1,16 +1,30 @@
-"""Outcome-reward advantages: GRPO (group-normalised) and Dr.GRPO (group-centred only).
+"""Outcome-reward advantages: GRPO, Dr.GRPO, RLOO and REINFORCE++.
 
-Each prompt is sampled `n` times; the rows sharing a prompt uid form a group. The advantage
-of a row is its score relative to its own group:
+Each prompt is sampled `n` times; the rows sharing a prompt uid form a group. The group-based
+advantage of a row is its score relative to its own group:
 
     GRPO:     A_i = (s_i - mean_g) / (std_g + epsilon)    std_g unbiased (torch.std default)
     Dr.GRPO:  A_i =  s_i - mean_g                           (norm_by_std=False)
+    RLOO:     A_i =  s_i - mean_{j in g, j != i} s_j  =  n / (n - 1) * (s_i - mean_g)
 
-A group of one row has no baseline to compare with and gets advantage 0, never NaN. Groups
-need not be contiguous: rows are matched by uid, not by position.
+A group of one row has no baseline to compare with and gets advantage 0, never NaN (for
+RLOO verl keeps the raw score there; we do not). Groups need not be contiguous: rows are
+matched by uid, not by position.
 
-Shapes: scores and advantages (batch,); group_ids one hashable per row. The advantage is a
-per-sequence scalar; policy_loss broadcasts it over the response tokens.
+REINFORCE++ (Hu 2025) needs no group: per token, the discounted return-to-go of the
+token-level rewards (gae.token_level_rewards, KL penalty included),
+
+    G_t = r_t + gamma * G_{t+1}     over the valid tokens, G = 0 after the last one,
+
+whitened over the response mask of the whole batch (gae.masked_whiten, unbiased variance).
+Masked tokens contribute nothing and reset nothing: "t + 1" is the next valid token, as in
+gae.compute_gae_advantages. For masks of leading ones this is verl's result exactly; for a
+mask with holes verl differs: it restarts the return at 0 before each masked token, so the
+tokens before a hole do not see the rewards after it.
+
+Shapes: scores and the group-based advantages (batch,), a per-sequence scalar that
+policy_loss broadcasts over the response tokens; group_ids one hashable per row.
+token_rewards, response_mask and REINFORCE++ advantages (batch, response_len).
 """
 
 from __future__ import annotations
@@ -19,6 +33,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
+
+from hybrid.algorithms.gae import masked_whiten
 
 
 def compute_grpo_advantages(
@@ -55,6 +71,57 @@ def compute_grpo_advantages(
     # Singleton groups: centered is already 0, but make it explicit and immune to epsilon=0.
     advantages = torch.where(counts[index] > 1, advantages, torch.zeros_like(advantages))
     return advantages.to(torch.float32)
+
+
+def compute_rloo_advantages(
+    scores: torch.Tensor, group_ids: Sequence[Hashable] | np.ndarray | torch.Tensor
+) -> torch.Tensor:
+    """Leave-one-out advantages, (batch,) float scores -> (batch,) float32 advantages.
+
+    A_i = s_i - (sum_g - s_i) / (n_g - 1): the baseline is the mean of the OTHER rows of the
+    group, so it does not depend on s_i. A group of one gets 0. No gradient; float64 inside.
+    """
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be 1-D (batch,), got shape {tuple(scores.shape)}")
+    index = _group_index(group_ids, scores.device)
+    if index.numel() != scores.numel():
+        raise ValueError(f"got {index.numel()} group_ids for {scores.numel()} scores")
+    num_groups = int(index.max().item()) + 1 if index.numel() else 0
+
+    values = scores.detach().to(torch.float64)
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=scores.device)
+    counts = torch.bincount(index, minlength=num_groups).to(torch.float64)  # (groups,)
+    sums = zeros.index_add(0, index, values)  # (groups,)
+    others = counts[index] - 1  # (batch,)
+    baseline = (sums[index] - values) / others.clamp(min=1)
+    advantages = torch.where(others > 0, values - baseline, torch.zeros_like(values))
+    return advantages.to(torch.float32)
+
+
+def compute_reinforce_plus_plus_advantages(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """REINFORCE++ advantages (batch, T) float32: whitened discounted returns-to-go.
+
+    See the module docstring for the recursion and masking. 0 where response_mask is 0.
+    """
+    if not 0 < gamma <= 1:
+        raise ValueError(f"algorithm.gamma must be in (0, 1], got {gamma}")
+    if token_rewards.shape != response_mask.shape or token_rewards.dim() != 2:
+        raise ValueError(
+            f"token_rewards {tuple(token_rewards.shape)} and response_mask "
+            f"{tuple(response_mask.shape)} must have one (B, T) shape"
+        )
+    with torch.no_grad():
+        keep = response_mask.bool()
+        rewards = torch.where(keep, token_rewards.float(), 0.0)
+        returns = torch.zeros_like(rewards)
+        running = rewards.new_zeros(rewards.shape[0])  # G of the next valid token
+        for t in reversed(range(rewards.shape[1])):
+            # A masked token keeps the running return as it was: skipped, not a reset.
+            running = torch.where(keep[:, t], rewards[:, t] + gamma * running, running)
+            returns[:, t] = torch.where(keep[:, t], running, 0.0)
+        return masked_whiten(returns, keep)
 
 
 def _group_index(

@@ -56,6 +56,17 @@ def _name(sample: Sample) -> str:
     return f"{sample.uid}#{sample.index}"
 
 
+def check_finished(sample: Sample, holder: str) -> None:
+    """A sample the `holder` (the buffer, the queue) may keep: finished, and whole."""
+    if sample.status not in ACCEPTED_STATUSES:
+        raise ValueError(
+            f"sample {_name(sample)}: status {sample.status.value}, the {holder} takes only "
+            f"{sorted(s.value for s in ACCEPTED_STATUSES)} (resume a pending response; drop "
+            "the whole group of an aborted one)"
+        )
+    sample.check()
+
+
 class ExperienceBuffer:
     """Complete GRPO groups of Samples, FIFO by completion, bounded by `capacity_groups`."""
 
@@ -157,18 +168,12 @@ class ExperienceBuffer:
 
     def _check_alone(self, sample: Sample) -> None:
         """What can be checked of one sample without the buffer's state."""
-        if sample.status not in ACCEPTED_STATUSES:
-            raise ValueError(
-                f"sample {_name(sample)}: status {sample.status.value}, the buffer takes only "
-                f"{sorted(s.value for s in ACCEPTED_STATUSES)} (resume a pending response; drop "
-                "the whole group of an aborted one)"
-            )
         if not 0 <= sample.index < self.group_size:
             raise ValueError(
                 f"sample {_name(sample)}: index {sample.index} outside 0 .. {self.group_size - 1} "
                 f"(group_size={self.group_size})"
             )
-        sample.check()
+        check_finished(sample, "buffer")
 
     def _check_against_held(self, samples: list[Sample]) -> None:
         for sample in samples:

@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from hybrid.buffer.errors import BufferClosedError
-from hybrid.buffer.experience import ACCEPTED_STATUSES
+from hybrid.buffer.experience import check_finished
 from hybrid.buffer.staleness import groups_to_start, within_lag
 from hybrid.data.sample import Sample
 
@@ -203,12 +203,7 @@ class MessageQueue:
                 f"index 0 .. {self.group_size - 1}, got {[(s.uid, s.index) for s in group]}"
             )
         for sample in group:
-            if sample.status not in ACCEPTED_STATUSES:
-                raise ValueError(
-                    f"sample {sample.uid}#{sample.index}: status {sample.status.value}, the "
-                    "queue takes only finished samples"
-                )
-            sample.check()
+            check_finished(sample, "queue")
             if not sample.versions:
                 raise ValueError(f"sample {sample.uid}#{sample.index}: no response tokens")
 

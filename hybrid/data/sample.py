@@ -161,4 +161,3 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """0, 1, 2, ... over the real tokens; left padding gets 0, right padding repeats the last
     position (both are masked out)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-

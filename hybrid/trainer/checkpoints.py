@@ -30,6 +30,12 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step}"
 
 
+def critic_checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    """The critic's state of step N: written before the actor's `step_<N>` (whose presence
+    marks the checkpoint complete), under a name no resume mistakes for a checkpoint."""
+    return Path(output_dir) / "checkpoints" / "critic" / f"step_{step}"
+
+
 def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, directory) of every complete checkpoint, oldest first."""
     root = Path(output_dir) / "checkpoints"
@@ -66,6 +72,7 @@ def prune_checkpoints(output_dir: str | Path, keep: int | None, just_saved: int)
     doomed = checkpoints_to_delete(complete_checkpoints(output_dir), keep, just_saved)
     for path in doomed:
         shutil.rmtree(path)
+        shutil.rmtree(path.parent / "critic" / path.name, ignore_errors=True)
     return doomed
 
 

@@ -17,7 +17,15 @@ from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.synchronizer.policy import SyncPolicy
 from hybrid.validation import check_choice, check_positive
-from hybrid.workers.config import ActorConfig, HybridWorkerConfig, ModelConfig, RefConfig
+from hybrid.workers.config import (
+    ActorConfig,
+    CriticConfig,
+    CriticModelConfig,
+    HybridWorkerConfig,
+    KlKind,
+    ModelConfig,
+    RefConfig,
+)
 
 Sink = Literal["console", "jsonl", "tensorboard", "wandb"]
 
@@ -45,14 +53,50 @@ class DataConfig:
 
 
 OffPolicyCorrection = Literal["none", "tis", "decoupled", "mask"]
+AdvEstimator = Literal["grpo", "gae", "reinforce_plus_plus", "rloo"]
+GROUP_ESTIMATORS = ("grpo", "rloo")
+"""Estimators whose baseline is the prompt's other samples: they need rollout.n >= 2."""
+
+
+@dataclass(frozen=True)
+class KlControlConfig:
+    """The coefficient of the KL penalty in the reward (algorithm.use_kl_in_reward)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed: kl_coef throughout; adaptive: the coefficient follows the measured KL towards
+    target_kl (Ziegler et al.), by at most 20% x batch / horizon per step."""
+    kl_coef: float = 0.001
+    """The (starting) coefficient."""
+    target_kl: float = 0.1
+    """adaptive: the KL per token the controller steers towards."""
+    horizon: int = 10000
+    """adaptive: samples over which the coefficient may move by the full proportional error."""
+
+    def __post_init__(self) -> None:
+        check_choice("algorithm.kl_ctrl", "type", self.type, ("fixed", "adaptive"))
+        if self.kl_coef < 0:
+            raise ValueError(f"algorithm.kl_ctrl.kl_coef must be >= 0, got {self.kl_coef}")
+        check_positive("algorithm.kl_ctrl", target_kl=self.target_kl, horizon=self.horizon)
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo"] = "grpo"
-    """Advantage estimator (group-relative)."""
+    adv_estimator: AdvEstimator = "grpo"
+    """grpo (group-relative), rloo (leave-one-out baseline), reinforce_plus_plus (whitened
+    returns-to-go), gae (PPO with a critic: generalized advantage estimation on its values)."""
     norm_adv_by_std: bool = True
     """Divide by the group's std (GRPO); False is Dr.GRPO."""
+    gamma: float = 1.0
+    """Discount per response token (gae, reinforce_plus_plus), in (0, 1]."""
+    lam: float = 1.0
+    """GAE's lambda, in [0, 1]: 1 = Monte-Carlo returns minus the value, 0 = one-step TD."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_ctrl's coefficient x the per-token KL(actor || ref) from the token rewards
+    (PPO's penalty; independent of actor.use_kl_loss)."""
+    kl_penalty: KlKind = "k1"
+    """The per-token KL estimator of the in-reward penalty."""
+    kl_ctrl: KlControlConfig = field(default_factory=KlControlConfig)
+    """The penalty's coefficient: fixed or adaptive."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (times rollout.n rows), across all workers."""
     skip_old_log_prob: bool = True
@@ -73,7 +117,12 @@ class AlgorithmConfig:
     """mask: most versions a token may lag and still be trained on."""
 
     def __post_init__(self) -> None:
-        check_choice("algorithm", "adv_estimator", self.adv_estimator, ("grpo",))
+        check_choice("algorithm", "adv_estimator", self.adv_estimator, get_args(AdvEstimator))
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"algorithm.gamma must be in (0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"algorithm.lam must be in [0, 1], got {self.lam}")
+        check_choice("algorithm", "kl_penalty", self.kl_penalty, get_args(KlKind))
         check_positive("algorithm", ppo_mini_batch_size=self.ppo_mini_batch_size)
         check_choice(
             "algorithm",
@@ -168,6 +217,9 @@ class TrainerConfig:
     ray_address: str | None = None
     """Join this Ray cluster instead of starting one: an address, or `auto` for the cluster
     this machine belongs to (`ray start`); also RAY_ADDRESS. None starts a local cluster."""
+    critic_warmup: int = 0
+    """PPO with a critic: the first N steps train only the critic (the actor waits until its
+    values are worth a baseline)."""
     save_freq: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     max_checkpoints_to_keep: int | None = None
@@ -215,6 +267,8 @@ class TrainerConfig:
             )
         if self.log_freq < 1:
             raise ValueError(f"trainer.log_freq must be >= 1, got {self.log_freq}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"trainer.critic_warmup must be >= 0, got {self.critic_warmup}")
         if self.memory_log_freq < 0:
             raise ValueError(f"trainer.memory_log_freq must be >= 0, got {self.memory_log_freq}")
         if self.memory_snapshot_step is not None:
@@ -296,6 +350,7 @@ class TrainerRunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fully_async: FullyAsyncConfig = field(default_factory=FullyAsyncConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
     def __post_init__(self) -> None:
         workers, n = self.trainer.training_workers, self.rollout.n
@@ -315,10 +370,13 @@ class TrainerRunConfig:
                 f"actor.decoupled_cap ({self.actor.decoupled_cap}) is derived: set "
                 "algorithm.off_policy_correction=decoupled and algorithm.importance_cap"
             )
-        if n < 2:
+        estimator = self.algorithm.adv_estimator
+        if n < 2 and estimator in GROUP_ESTIMATORS:
             raise ValueError(
-                f"rollout.n must be >= 2 for GRPO (a group needs several samples), got {n}"
+                f"rollout.n must be >= 2 for algorithm.adv_estimator={estimator} (its baseline "
+                f"is the prompt's other samples), got {n}"
             )
+        self._check_critic()
         if self.data.train_batch_size % self.algorithm.ppo_mini_batch_size:
             raise ValueError(
                 f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
@@ -360,6 +418,55 @@ class TrainerRunConfig:
             raise ValueError(
                 f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
                 f"trainer.num_workers ({workers})"
+            )
+
+    @property
+    def use_critic(self) -> bool:
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        """The reference's log-probs serve the KL loss and the KL penalty in the reward."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    def _check_critic(self) -> None:
+        c, t = self.critic, self.trainer
+        if c.mini_batch_size is not None:
+            raise ValueError(
+                f"critic.mini_batch_size ({c.mini_batch_size}) is derived like the actor's: "
+                "set algorithm.ppo_mini_batch_size instead"
+            )
+        if t.critic_warmup and not self.use_critic:
+            raise ValueError(
+                f"trainer.critic_warmup ({t.critic_warmup}) needs a critic "
+                f"(algorithm.adv_estimator=gae, got {self.algorithm.adv_estimator})"
+            )
+        if t.critic_warmup >= t.total_steps:
+            raise ValueError(
+                f"trainer.critic_warmup ({t.critic_warmup}) must be < trainer.total_steps "
+                f"({t.total_steps}): the actor would never be trained"
+            )
+        if self.algorithm.use_kl_in_reward and t.split:
+            raise ValueError(
+                "algorithm.use_kl_in_reward runs colocated for now (trainer.placement="
+                "colocated); on the split placement use actor.use_kl_loss"
+            )
+        if not self.use_critic:
+            return
+        if self.mini_batch_rows_per_worker % c.micro_batch_size:
+            raise ValueError(
+                f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be "
+                f"a multiple of critic.micro_batch_size ({c.micro_batch_size})"
+            )
+        if t.split:
+            raise ValueError(
+                "algorithm.adv_estimator=gae runs colocated for now (trainer.placement="
+                "colocated): the split placement's trainer group has no critic yet"
+            )
+        if self.model.lora.enabled:
+            raise ValueError(
+                "algorithm.adv_estimator=gae with LoRA (model.lora.rank > 0) is not supported: "
+                "the critic is a full model; set model.lora.rank=0"
             )
 
     def _check_split(self) -> None:
@@ -429,6 +536,8 @@ class TrainerRunConfig:
         old-log-prob pass is skipped. Colocated: a train batch is one update; fully_async: what
         the trainer takes for one update. Split keeps the pass: some of its rows are the probes
         that check each explorer's copy of the version (SyncSides)."""
+        if self.algorithm.use_kl_in_reward:
+            return False  # the penalty is taken between the old and the reference log-probs
         if self.fully_async.enable:
             groups = self.groups_per_update
         elif self.trainer.placement == "colocated":
@@ -464,6 +573,16 @@ class TrainerRunConfig:
             tis_cap=cap if correction == "tis" else self.actor.tis_cap,
             decoupled_cap=cap if correction == "decoupled" else None,
         )
+        critic = dataclasses.replace(
+            self.critic,
+            model=CriticModelConfig(path=self.critic.model.path or self.model.path),
+            mini_batch_size=self.mini_batch_rows_per_worker,
+        )
         return HybridWorkerConfig(
-            model=self.model, actor=actor, ref=self.ref, rollout=self.rollout, sync=self.sync
+            model=self.model,
+            actor=actor,
+            ref=self.ref,
+            rollout=self.rollout,
+            sync=self.sync,
+            critic=critic,
         )

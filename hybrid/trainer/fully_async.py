@@ -96,20 +96,19 @@ class FullyAsyncTrainer(SplitTrainer):
                     ray.get(self.queue.published.remote(self.step))
                 self.sides.trainer_sync(self.step, after_step=True)
         except BaseException as error:
-            self.rollouter.stopping.set()
-            reason = f"trainer loop failed: {type(error).__name__}: {error}"
-            ray.get(self.synchronizer.stop.remote("trainer", reason))
-            ray.get(self.queue.close.remote(reason))
-            # A dead Rollouter makes the trainer's next take or sync fail too: report it.
-            died = self.rollouter.error
-            if died is not None and died is not error:
-                raise died from error
+            cause = self.stop_after_failure(error, self.rollouter.stopping)
+            if cause is not error:
+                raise cause from error
             raise
         self.rollouter.stopping.set()
         ray.get(self.synchronizer.stop.remote("trainer", "finished"))
         self.rollouter.join(timeout=c.sync.timeout_s)
         self.write_record()
         return metrics
+
+    def root_cause(self, error: BaseException) -> BaseException:
+        """A dead Rollouter makes the trainer's next take or sync fail too: report it."""
+        return self.rollouter.error or error
 
     def _rollouter_failed(self, error: BaseException) -> None:
         """Wake the trainer wherever it waits (a take, a broadcast) with the Rollouter's end."""

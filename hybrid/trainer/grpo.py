@@ -1,9 +1,10 @@
-"""The GRPO driver loop on one node.
+"""The driver loop on one node: GRPO and its critic-free relatives, and PPO with a critic.
 
-Per step: n samples per prompt -> rewards -> (ref log-probs) -> old log-probs -> group
-advantages -> mini-batched actor update -> metrics -> checkpoint. The driver holds no model:
-it moves Batches between the worker-group views and does the cheap math (rewards,
-advantages, balancing) on CPU.
+Per step: n samples per prompt -> (ref log-probs) -> (old log-probs) -> (critic values) ->
+rewards -> (KL penalty in the reward) -> advantages by algorithm.adv_estimator -> (critic
+update) -> mini-batched actor update (after trainer.critic_warmup steps) -> metrics ->
+checkpoint. The driver holds no model: it moves Batches between the worker-group views and
+does the cheap math (rewards, advantages, balancing, the KL controller) on CPU.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from hybrid.algorithms.advantages import compute_grpo_advantages
+from hybrid.algorithms.estimators import compute_advantages
+from hybrid.algorithms.gae import token_level_rewards
+from hybrid.algorithms.kl_control import KLController, kl_in_reward, make_kl_controller
 from hybrid.algorithms.logprob import masked_mean
+from hybrid.algorithms.value_loss import explained_variance
 from hybrid.controller import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -34,6 +39,7 @@ from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.checkpoints import (
     checkpoint_dir,
+    critic_checkpoint_dir,
     latest_checkpoint,
     prune_checkpoints,
     shared_dir_error,
@@ -42,6 +48,7 @@ from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
 from hybrid.trainer.metrics import Sinks, make_sinks, reduce_over_ranks
 from hybrid.workers.actor_rollout import ActorRolloutWorker, WorkerFacts
+from hybrid.workers.critic import CriticWorker, check_critic_model
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.ref import ReferenceWorker
 
@@ -87,6 +94,16 @@ class GRPOTrainer:
         if custom is None:
             check_data_sources(self.train_data, self.val_data)
         self.rewards = RewardManager(custom)
+        if c.use_critic:
+            check_critic_model(c.critic.model.path or c.model.path, c.model.path)
+        a = c.algorithm
+        self.kl_ctrl: KLController | None = (
+            make_kl_controller(
+                a.kl_ctrl.type, a.kl_ctrl.kl_coef, a.kl_ctrl.target_kl, a.kl_ctrl.horizon
+            )
+            if a.use_kl_in_reward
+            else None
+        )
         self.step = 0
         self.reward_history: list[float] = []
         self.first_step_started: float | None = None
@@ -100,6 +117,7 @@ class GRPOTrainer:
             {
                 "actor_rollout": RayClassWithInitArgs(ActorRolloutWorker, worker_config),
                 "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
+                "critic": RayClassWithInitArgs(CriticWorker, worker_config),
             }
         )
         log_dir = run_log_dir(c.trainer.output_dir, c.trainer.verbose)
@@ -116,8 +134,9 @@ class GRPOTrainer:
             )
             if unshared:
                 raise ValueError(unshared)
-        views = self.group.spawn(prefix_set={"actor_rollout", "ref"})
+        views = self.group.spawn(prefix_set={"actor_rollout", "ref", "critic"})
         self.actor, self.ref = views["actor_rollout"], views["ref"]
+        self.critic = views["critic"] if c.use_critic else None
         self.actor.init_model()
         # What the workers resolved (dtypes for `auto`, the sync strategy for the engine's
         # weight layout): rank 0 speaks for all, since every rank sees the same hardware kind.
@@ -126,8 +145,10 @@ class GRPOTrainer:
         self.write_resolved_config()
         # With LoRA the reference is the actor's own base (adapters disabled): no second model.
         self.reference = self.actor if c.model.lora.enabled else self.ref
-        if c.actor.use_kl_loss and not c.model.lora.enabled:
+        if c.needs_reference and not c.model.lora.enabled:
             self.ref.init_model()
+        if self.critic is not None:
+            self.critic.init_model()
         self.log_memory(0)
 
     def write_resolved_config(self) -> None:
@@ -236,44 +257,46 @@ class GRPOTrainer:
         rollout = self.actor.generate_sequences(prompts)
         gen_s = time.perf_counter() - t0
 
-        # The workers score the rollout (ref, then old log-probs unless the update is
-        # on-policy) while the driver computes rewards and advantages.
+        # The workers score the rollout (ref, old log-probs unless the update is on-policy,
+        # the critic's values) while the driver computes the rewards.
         t0 = time.perf_counter()
-        ref_future = (
-            self.reference.compute_ref_log_prob.submit(rollout) if c.actor.use_kl_loss else None
-        )
-        old_future = None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout)
+        futures = [
+            self.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
+            None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout),
+            self.critic.compute_values.submit(rollout) if self.critic is not None else None,
+        ]
         scores, metrics = self.rewards.score(rollout)
-        uids = rollout["uid"]
-        advantages = compute_grpo_advantages(scores, uids, norm_by_std=c.algorithm.norm_adv_by_std)
         reward_s = time.perf_counter() - t0
-        rollout = rollout.union(
-            Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
-        )
-        if ref_future is not None:
-            rollout = rollout.union(ref_future.get())
-        if old_future is not None:
-            rollout = rollout.union(old_future.get())
+        for future in futures:
+            if future is not None:
+                rollout = rollout.union(future.get())
+        rollout, advantage_metrics = self.add_advantages(rollout, scores)
+        metrics.update(advantage_metrics)
         scoring_s = time.perf_counter() - t0
 
-        mask = rollout["response_mask"]
+        mask = rollout.tensors["response_mask"]
         lengths = mask.sum(-1)
         order = balanced_order(rollout["attention_mask"].sum(-1), c.trainer.num_workers)
+        if self.critic is not None:
+            t0 = time.perf_counter()
+            metrics.update(reduce_over_ranks(self.critic.update_critic(rollout[order])))
+            metrics["timing_s/update_critic"] = time.perf_counter() - t0
+        update: dict[str, float] = {}
         t0 = time.perf_counter()
-        update = reduce_over_ranks(self.actor.update_actor(rollout[order]))
+        if self.step > c.trainer.critic_warmup:
+            update = reduce_over_ranks(self.actor.update_actor(rollout[order]))
         update_s = time.perf_counter() - t0
         worker = reduce_over_ranks(self.actor.pop_metrics())
         step_s = time.perf_counter() - started
         tokens = float(rollout["attention_mask"].sum())
-        if not c.on_policy_update:  # else the update's own pass reported these
-            diff_mean, diff_max = masked_stats(
-                rollout["rollout_log_probs"] - rollout["old_log_probs"], mask
-            )
+        t = rollout.tensors
+        if "old_log_probs" in t:  # else the update's own pass reported these
+            diff_mean, diff_max = masked_stats(t["rollout_log_probs"] - t["old_log_probs"], mask)
             update.update(
                 {
                     "rollout/logprob_diff_mean": diff_mean,
                     "rollout/logprob_diff_max": diff_max,
-                    "actor/entropy_old": float(masked_mean(rollout["entropys"], mask)),
+                    "actor/entropy_old": float(masked_mean(t["entropys"], t["response_mask"])),
                 }
             )
         metrics.update(update)
@@ -294,6 +317,7 @@ class GRPOTrainer:
                 # is the wall time of both together).
                 "timing_s/ref": worker.get("timing_s/ref", 0.0),
                 "timing_s/old_log_prob": worker.get("timing_s/old_log_prob", 0.0),
+                **({"timing_s/values": worker.get("timing_s/values", 0.0)} if self.critic else {}),
                 "timing_s/reward": reward_s,
                 "timing_s/scoring": scoring_s,
                 "timing_s/update_actor": update_s,
@@ -302,6 +326,48 @@ class GRPOTrainer:
         )
         metrics.setdefault("actor/kl_loss", 0.0)
         return metrics
+
+    def add_advantages(
+        self, rollout: Batch, scores: torch.Tensor
+    ) -> tuple[Batch, dict[str, float]]:
+        """Token rewards (the in-reward KL penalty applied when it is on), then the advantages
+        of algorithm.adv_estimator (and the critic's returns); their metrics."""
+        a, t = self.config.algorithm, rollout.tensors
+        mask = t["response_mask"]
+        metrics: dict[str, float] = {}
+        if self.kl_ctrl is None:
+            rewards = token_level_rewards(scores, mask)
+        else:
+            kl, current_kl = kl_in_reward(t["old_log_probs"], t["ref_log_prob"], mask, a.kl_penalty)
+            rewards = token_level_rewards(scores, mask, kl, self.kl_ctrl.value)
+            metrics = {"critic/kl": current_kl, "critic/kl_coeff": self.kl_ctrl.value}
+            self.kl_ctrl.update(current_kl, len(rollout))
+        values = t["values"] if self.critic is not None else None
+        found = compute_advantages(
+            a.adv_estimator,
+            rewards,
+            mask,
+            rollout["uid"],
+            values=values,
+            gamma=a.gamma,
+            lam=a.lam,
+            norm_adv_by_std=a.norm_adv_by_std,
+        )
+        added = {"token_level_scores": scores, "token_level_rewards": rewards}
+        added["advantages"] = found.advantages
+        if found.returns is not None and values is not None:
+            added["returns"] = found.returns
+            metrics.update(
+                {
+                    "critic/values/mean": float(masked_mean(values, mask)),
+                    "critic/returns/mean": float(masked_mean(found.returns, mask)),
+                    "critic/vf_explained_var": explained_variance(found.returns, values, mask),
+                }
+            )
+        advantages = found.advantages
+        per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
+        metrics["critic/advantages/mean"] = float(masked_mean(per_token, mask))
+        return rollout.union(Batch.from_dict(added)), metrics
 
     def log_memory(self, step: int) -> None:
         """Drain every worker's memory ledger; append it to memory.jsonl when due."""
@@ -331,9 +397,15 @@ class GRPOTrainer:
     def save(self, loader_state: dict[str, int] | None = None) -> None:
         """A checkpoint of this step; `loader_state`: the prompt loader's position after
         this step's batch (default: where the loader is now)."""
-        path = checkpoint_dir(self.config.trainer.output_dir, self.step)
+        out = self.config.trainer.output_dir
+        path = checkpoint_dir(out, self.step)
         position = self.loader.state_dict() if loader_state is None else loader_state
-        self.actor.save_checkpoint(str(path), extra={"step": self.step, "loader": position})
+        extra: dict[str, Any] = {"step": self.step, "loader": position}
+        if self.kl_ctrl is not None:
+            extra["kl_ctrl"] = self.kl_ctrl.state_dict()
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(critic_checkpoint_dir(out, self.step)))
+        self.actor.save_checkpoint(str(path), extra=extra)
         if self.config.model.lora.enabled:  # the adapter alone, in peft's format
             self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
         # Only now is this checkpoint complete: the older ones beyond the limit may go.
@@ -347,8 +419,23 @@ class GRPOTrainer:
         found = latest_checkpoint(self.config.trainer.output_dir)
         if found is None:
             return
-        _, path = found
+        step, path = found
         extra = self.actor.load_checkpoint(str(path))[0]
+        if self.critic is not None:
+            critic = critic_checkpoint_dir(self.config.trainer.output_dir, step)
+            if not critic.is_dir():
+                raise FileNotFoundError(
+                    f"checkpoint {path} has no critic state at {critic}: it was saved by a "
+                    "run without a critic (algorithm.adv_estimator was not gae)"
+                )
+            self.critic.load_checkpoint(str(critic))
+        if self.kl_ctrl is not None:
+            if "kl_ctrl" not in extra:
+                raise KeyError(
+                    f"checkpoint {path} has no KL controller state: it was saved by a run "
+                    "without algorithm.use_kl_in_reward"
+                )
+            self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
         self.step = int(extra["step"])
         self.loader.load_state_dict(extra["loader"])
         logger.info("resumed from %s at step %d", path, self.step)

@@ -201,11 +201,7 @@ class SplitTrainer(GRPOTrainer):
                 self.finish_step(sinks, metrics)
                 self.sides.trainer_sync(self.step, after_step=True)
         except BaseException as error:
-            self.explorer_loop.stopping.set()
-            reason = f"trainer loop failed: {type(error).__name__}: {error}"
-            ray.get(self.synchronizer.stop.remote("trainer", reason))
-            ray.get(self.buffer.close.remote(reason))
-            cause = self.root_cause(error)
+            cause = self.stop_after_failure(error, self.explorer_loop.stopping)
             if cause is not error:
                 raise cause from error
             raise
@@ -215,6 +211,15 @@ class SplitTrainer(GRPOTrainer):
             path.write_text(json.dumps(self.sides.digests, indent=1))
         ray.get(self.synchronizer.set_state.remote("trainer", "stopped", self.step, "finished"))
         return metrics
+
+    def stop_after_failure(self, error: BaseException, stopping: threading.Event) -> BaseException:
+        """The trainer loop raised `error`: stop the generating side's loop (`stopping`), wake
+        whatever waits on the Synchronizer or the buffer, and return the error to report."""
+        stopping.set()
+        reason = f"trainer loop failed: {type(error).__name__}: {error}"
+        ray.get(self.synchronizer.stop.remote("trainer", reason))
+        ray.get(self.buffer.close.remote(reason))
+        return self.root_cause(error)
 
     def root_cause(self, error: BaseException) -> BaseException:
         """A dead explorer makes the trainer's next sync or take fail too (a closed

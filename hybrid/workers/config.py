@@ -230,6 +230,88 @@ class RefConfig:
 
 
 @dataclass(frozen=True)
+class CriticModelConfig:
+    path: str | None = None
+    """Hugging Face directory the critic starts from: a decoder of the actor's vocabulary (its
+    LM head is left out) or a saved critic; null: the actor's model.path."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model of PPO with a critic (algorithm.adv_estimator=gae): the decoder of
+    `model.path` with a scalar head, trained with the clipped value loss."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """Where the critic starts from."""
+    lr: float = 1e-5
+    """AdamW learning rate (after the warm-up)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up (0: none)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; a step whose norm is not finite is skipped."""
+    cliprange_value: float = 0.5
+    """Clipped value loss: a new value counts at most this far from the old one."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token value losses become one number."""
+    ppo_epochs: int = 1
+    """Passes over the batch per update_critic call."""
+    mini_batch_size: int | None = None
+    """Rows per optimizer step on each rank (derived like the actor's)."""
+    micro_batch_size: int = 4
+    """Rows per forward/backward pass on each rank (without use_dynamic_bsz)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count instead of row count (the two budgets below)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: tokens (prompt + response) per update micro-batch."""
+    forward_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: tokens per micro-batch of the values pass."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in the backward pass."""
+    param_dtype: DtypeChoice = "auto"
+    """Compute dtype of forward/backward; auto as actor.param_dtype."""
+    reduce_dtype: Dtype = "float32"
+    """Dtype of the gradient reduce-scatter."""
+    master_dtype: Dtype = "float32"
+    """Dtype of the sharded parameters the optimizer updates."""
+    param_offload: bool = False
+    """Keep sharded parameters on CPU outside the critic's passes (CUDA only; no-op on CPU)."""
+    optimizer_offload: bool = False
+    """Keep optimizer state on CPU outside the critic's optimizer step (CUDA only)."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "critic",
+            lr=self.lr,
+            eps=self.eps,
+            max_grad_norm=self.max_grad_norm,
+            cliprange_value=self.cliprange_value,
+            ppo_epochs=self.ppo_epochs,
+            micro_batch_size=self.micro_batch_size,
+            ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu,
+            forward_max_token_len_per_gpu=self.forward_max_token_len_per_gpu,
+        )
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"critic.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"critic.weight_decay must be >= 0, got {self.weight_decay}")
+        for i, beta in enumerate(self.betas):
+            if not 0 <= beta < 1:
+                raise ValueError(f"critic.betas[{i}] must be in [0, 1), got {beta}")
+        if self.mini_batch_size is not None:
+            check_positive("critic", mini_batch_size=self.mini_batch_size)
+        check_choice("critic", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))
+        check_choice("critic", "param_dtype", self.param_dtype, DTYPE_CHOICES)
+        for name in ("reduce_dtype", "master_dtype"):
+            check_choice("critic", name, getattr(self, name), DTYPES)
+
+
+@dataclass(frozen=True)
 class HybridWorkerConfig:
     """Everything one WorkerDict's members need."""
 
@@ -238,6 +320,7 @@ class HybridWorkerConfig:
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
     def compute_dtypes(self, hardware: Hardware) -> ComputeDtypes:
         """actor / ref / rollout dtypes with `auto` resolved for `hardware`."""

@@ -1,6 +1,7 @@
 """Building an FSDP2-sharded Hugging Face causal LM, its optimizer and its clipped step.
 
-Owns `build_fsdp_model` (the policy actor and the frozen reference policy share it),
+Owns `build_fsdp_model` (the policy actor, the frozen reference policy and the critic share
+it: the critic is the same decoder with a scalar value head instead of the LM head),
 `build_optimizer` and `clip_and_step`. The model is built the torchtitan way, so that no rank
 ever materialises the whole model in fp32 more than once:
 
@@ -35,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hybrid.sharding.lora_files import hf_name, is_lora_name
@@ -46,6 +47,9 @@ from hybrid.workers.lora import add_adapters, initial_adapter
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _EMBED_KEY = "model.embed_tokens.weight"
 _LM_HEAD_KEY = "lm_head.weight"
+VALUE_HEAD_KEYS = frozenset({"score.weight", "score.bias"})
+"""The value head of a critic (transformers' token-classification head with one label)."""
+VALUE_HEAD_SEED = 0
 
 
 def build_fsdp_model(
@@ -60,10 +64,14 @@ def build_fsdp_model(
     gradient_checkpointing: bool = False,
     trainable: bool = True,
     lora: LoraConfig | None = None,
+    value_head: bool = False,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
-    replicated along its first.
+    replicated along its first. `value_head=True` builds a critic: the decoder of the
+    checkpoint with a scalar head per token (`score`; its `logits` are values, (.., 1)); a
+    causal LM checkpoint's LM head is left out and the value head starts from a seeded normal
+    init, a critic checkpoint's own head is loaded.
 
     `param_dtype` is the compute dtype (parameters are all-gathered in it), `reduce_dtype` the
     dtype gradients are reduce-scattered in, `master_dtype` the dtype of the sharded parameters
@@ -82,11 +90,16 @@ def build_fsdp_model(
     files = _safetensors_files(Path(model_path))
     config = AutoConfig.from_pretrained(model_path)
     with_lora = lora is not None and lora.enabled
+    model_class: Any = AutoModelForCausalLM
+    if value_head:
+        model_class = AutoModelForTokenClassification
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # values regress returns: no dropout noise
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
+        model = model_class.from_config(
             config, attn_implementation=attn_implementation, dtype=master_dtype
         )
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    tied = not value_head and bool(getattr(model.config, "tie_word_embeddings", False))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if trainable:
@@ -117,7 +130,9 @@ def build_fsdp_model(
         assert head is not None and embed.weight is head.weight, "tied embeddings came untied"
         assert isinstance(embed.weight, DTensor), "tied embedding is not sharded"
     _init_rope_buffers(model, device)
-    _load_weights(model, files, tied=tied, lora_seed=0 if with_lora else None)
+    _load_weights(
+        model, files, tied=tied, lora_seed=0 if with_lora else None, value_head=value_head
+    )
     return model
 
 
@@ -204,23 +219,36 @@ def _init_rope_buffers(model: nn.Module, device: torch.device) -> None:
 
 
 def _load_weights(
-    model: nn.Module, files: list[Path], *, tied: bool, lora_seed: int | None = None
+    model: nn.Module,
+    files: list[Path],
+    *,
+    tied: bool,
+    lora_seed: int | None = None,
+    value_head: bool = False,
 ) -> None:
     """Rank 0 reads `files`; `set_model_state_dict` broadcasts them into every rank's shards.
 
     For a peft model the checkpoint's Hugging Face names are mapped to the model's, and the
-    adapters (not in the checkpoint) get their initial values from `lora_seed`."""
+    adapters (not in the checkpoint) get their initial values from `lora_seed`. A critic
+    (`value_head`) skips a causal LM's head and initialises its value head unless the
+    checkpoint has one."""
     checkpoint_keys: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             checkpoint_keys.update(f.keys())
+    if value_head:
+        checkpoint_keys.discard(_LM_HEAD_KEY)  # the policy's head: the critic has its own
+    new_value_head = value_head and not VALUE_HEAD_KEYS.issubset(checkpoint_keys)
     state = model.state_dict()
     adapters = {k: v for k, v in state.items() if is_lora_name(k)}
     # Hugging Face name -> the model's name (the same without LoRA).
     names = {hf_name(k): k for k in state if k not in adapters}
     expected = set(names)
     alias_head = tied and _LM_HEAD_KEY not in checkpoint_keys and _LM_HEAD_KEY in expected
-    missing = sorted(expected - checkpoint_keys - ({_LM_HEAD_KEY} if alias_head else set()))
+    initialised = ({_LM_HEAD_KEY} if alias_head else set()) | (
+        VALUE_HEAD_KEYS if new_value_head else set()
+    )
+    missing = sorted(expected - checkpoint_keys - initialised)
     unexpected = sorted(checkpoint_keys - expected)
     if missing or unexpected:
         raise ValueError(
@@ -233,10 +261,13 @@ def _load_weights(
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                    full_sd[names[key]] = f.get_tensor(key).to(state[names[key]].dtype)
+                    if key in checkpoint_keys:
+                        full_sd[names[key]] = f.get_tensor(key).to(state[names[key]].dtype)
         if alias_head:
             # The same tensor under the tied name: the head is loaded from the embedding.
             full_sd[names[_LM_HEAD_KEY]] = full_sd[names[_EMBED_KEY]]
+        if new_value_head:
+            full_sd.update(initial_value_head(state, _initializer_range(model)))
         if adapters:
             assert lora_seed is not None, "a peft model needs a seed for its adapters"
             shapes = [(k, v.shape) for k, v in adapters.items()]
@@ -247,3 +278,21 @@ def _load_weights(
         full_sd,
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
+
+
+def initial_value_head(state: dict[str, Any], std: float) -> dict[str, torch.Tensor]:
+    """The value head's starting weights (as transformers initialises a new head: normal with
+    the model's initializer_range, zero bias), from a fixed seed: every rank and every run
+    start the critic alike."""
+    generator = torch.Generator().manual_seed(VALUE_HEAD_SEED)
+    weight, bias = state["score.weight"], state["score.bias"]
+    return {
+        "score.weight": torch.normal(0.0, std, tuple(weight.shape), generator=generator).to(
+            weight.dtype
+        ),
+        "score.bias": torch.zeros(tuple(bias.shape), dtype=bias.dtype),
+    }
+
+
+def _initializer_range(model: nn.Module) -> float:
+    return float(getattr(model.config, "initializer_range", 0.02))

@@ -88,8 +88,8 @@ class PolicyTrainer:
         c = self.config
         device = mini.tensors["response_mask"].device
         local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
-        global_tokens = _global_sum(float(mini.tensors["response_mask"].sum()), device)
-        global_seqs = _global_sum(float(len(mini)), device)
+        global_tokens = global_sum(float(mini.tensors["response_mask"].sum()), device)
+        global_seqs = global_sum(float(len(mini)), device)
         scale = dist.get_world_size() if dist.is_initialized() else 1
         # Without old log-probs the update is on-policy (one epoch, one mini-batch): they are
         # this pass's own, detached; the ratio is exactly 1 and the extra pass is skipped.
@@ -186,7 +186,7 @@ class PolicyTrainer:
             self.ledger.record(phase, chunk=chunk)
 
 
-def _global_sum(value: float, device: torch.device) -> float:
+def global_sum(value: float, device: torch.device) -> float:
     """Sum over data-parallel ranks (every rank of the actor's FSDP group)."""
     if not dist.is_initialized():
         return value

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
 # Schema fields the YAML must not set: the trainer derives them (and rejects a set value).
-DERIVED = {"actor.mini_batch_size", "actor.decoupled_cap"}
+DERIVED = {"actor.mini_batch_size", "actor.decoupled_cap", "critic.mini_batch_size"}
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.alpha": ("model.lora.rank=8",),
@@ -31,6 +31,7 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "trainer.memory_snapshot_step": ("trainer.use_gpu=true",),
     "trainer.nnodes": ("trainer.num_workers=4",),
     "fully_async.enable": ("trainer.placement=split",),
+    "trainer.critic_warmup": ("algorithm.adv_estimator=gae",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {
@@ -153,7 +154,7 @@ def test_the_yaml_lists_the_schema_defaults_where_the_demo_keeps_them() -> None:
         "rollout.max_model_len", "rollout.prompt_length", "rollout.response_length",
         "rollout.n", "rollout.kv_cache_memory_bytes", "data.train_files", "data.val_files",
         "data.max_prompt_length", "trainer.total_steps", "trainer.output_dir",
-        "trainer.test_freq", "trainer.val_before_train",
+        "trainer.test_freq", "trainer.val_before_train", "critic.lr", "critic.micro_batch_size",
     }  # fmt: skip
     drifted = [
         path for path in LEAVES if path not in tuned and get_path(config, path) != DEFAULTS[path]

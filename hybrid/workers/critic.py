@@ -1,0 +1,156 @@
+"""CriticWorker: PPO's value model, its own member of the WorkerDict (`critic`).
+
+Built from the actor's parts: the FSDP2 builder (with a value head instead of the LM head),
+the optimizer factory, packed micro-batches and token budgets, the offload policy, sharded
+checkpoints. Like the reference it leaves the device after each of its phases when its
+offload flags say so, so that generation finds the memory free; every phase is marked in the
+process's memory ledger (`values/...`, `update_critic/...`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hybrid.controller import Dispatch, Worker, register
+from hybrid.data import Batch
+from hybrid.dtypes import Hardware, resolve_dtype, torch_dtype
+from hybrid.memory.components import (
+    ByDevice,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
+from hybrid.memory.ledger import process_ledger
+from hybrid.sharding.offload import Offloader
+from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
+from hybrid.workers.config import HybridWorkerConfig
+from hybrid.workers.forward import pass_config
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.parallel import init_parallel
+from hybrid.workers.value import ValueTrainer, compute_values, warmup_scheduler
+
+SCHEDULER_KEY = "critic_lr_scheduler"
+
+
+def check_critic_model(critic_path: str, actor_path: str) -> None:
+    """Fail before any worker starts, naming critic.model.path, unless the critic's checkpoint
+    is a decoder transformers can put a value head on and reads the actor's token ids."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    try:
+        config = AutoConfig.from_pretrained(critic_path)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"critic.model.path={critic_path!r} is not a Hugging Face model directory: {error}"
+        ) from None
+    if config.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        raise ValueError(
+            f"critic.model.path={critic_path!r}: a {config.model_type!r} model has no "
+            "token-classification (value head) class in transformers; use a decoder such as "
+            "Qwen2, Llama or Mistral"
+        )
+    actor_vocab = AutoConfig.from_pretrained(actor_path).vocab_size
+    if config.vocab_size != actor_vocab:
+        raise ValueError(
+            f"critic.model.path={critic_path!r}: vocabulary of {config.vocab_size} tokens, the "
+            f"actor's ({actor_path}) has {actor_vocab}: the critic reads the actor's token ids"
+        )
+
+
+class CriticWorker(Worker):
+    def __init__(self, config: HybridWorkerConfig) -> None:
+        self.config = config
+        # The process's ledger: shared with actor_rollout, which drains it.
+        self.ledger = process_ledger(self.rank, self.rank_env.node)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        c, critic = self.config, self.config.critic
+        parallel = init_parallel(
+            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
+        )
+        self.device = parallel.device
+        dtype = resolve_dtype(critic.param_dtype, "trainer", Hardware.detect(self.device))
+        if critic.model.path is None:
+            raise ValueError("critic.model.path is unresolved (the trainer sets the actor's)")
+        self.model = build_fsdp_model(
+            critic.model.path,
+            parallel.fsdp_mesh,
+            self.device,
+            param_dtype=torch_dtype(dtype),
+            reduce_dtype=torch_dtype(critic.reduce_dtype),
+            master_dtype=torch_dtype(critic.master_dtype),
+            attn_implementation=c.model.attn_implementation,
+            gradient_checkpointing=critic.gradient_checkpointing,
+            value_head=True,
+        )
+        self.optimizer = build_optimizer(
+            self.model, critic.lr, critic.weight_decay, critic.betas, critic.eps
+        )
+        self.scheduler = warmup_scheduler(self.optimizer, critic.lr_warmup_steps)
+        self.forward_pass = pass_config(
+            c.model,
+            critic.micro_batch_size,
+            critic.use_dynamic_bsz,
+            critic.forward_max_token_len_per_gpu,
+            "critic.forward_max_token_len_per_gpu",
+        )
+        update_pass = pass_config(
+            c.model,
+            critic.micro_batch_size,
+            critic.use_dynamic_bsz,
+            critic.ppo_max_token_len_per_gpu,
+            "critic.ppo_max_token_len_per_gpu",
+        )
+        self.trainer = ValueTrainer(
+            self.model, self.optimizer, self.scheduler, critic, update_pass, self.ledger
+        )
+        self.ledger.track("critic", self._components)
+        self.ledger.record("init/critic")
+        self.offloader = Offloader(
+            self.model,
+            self.optimizer,
+            self.device,
+            critic.param_offload,
+            critic.optimizer_offload,
+        )
+        self.offloader.offload_optimizer()
+        self.offloader.offload_params()
+
+    def _components(self) -> dict[str, ByDevice]:
+        return {
+            "critic_params": parameter_bytes(self.model),
+            "critic_grads": gradient_bytes(self.model),
+            "critic_optimizer_state": optimizer_state_bytes(self.optimizer),
+        }
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_values(self, batch: Batch) -> Batch:
+        """The critic's value of every response token (the state before it)."""
+        with self.offloader.phase("values", self.ledger):
+            self.model.eval()
+            values = compute_values(self.model, batch.to(self.device), self.forward_pass)
+            self.ledger.record("values/forward")
+        return Batch.from_dict({"values": values.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        with self.offloader.phase("update_critic", self.ledger, with_optimizer=True):
+            return self.trainer.update(batch.to(self.device))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        with self.offloader.phase("save_checkpoint", self.ledger, with_optimizer=True):
+            extra = {SCHEDULER_KEY: self.scheduler.state_dict()}
+            save_checkpoint(Path(path), self.model, self.optimizer, extra)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        with self.offloader.phase("load_checkpoint", self.ledger, with_optimizer=True):
+            extra = load_checkpoint(Path(path), self.model, self.optimizer)
+        self.scheduler.load_state_dict(extra[SCHEDULER_KEY])
+        return extra

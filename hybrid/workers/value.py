@@ -1,0 +1,149 @@
+"""The critic's passes on a value model (hybrid.workers.fsdp, `value_head=True`): the value of
+every response token, and the clipped value-loss update.
+
+The value of response token t is read from the hidden state that predicts it (the position
+before it, where the policy chose it): the same positions the actor's log-probs are scored
+at, so the packed and padded layouts, micro-batches and token budgets of hybrid.workers.forward
+serve the critic unchanged. Shapes: values, returns (b, R), zero where response_mask is 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hybrid.algorithms.value_loss import clipped_value_loss
+from hybrid.data import Batch
+from hybrid.memory.ledger import MemoryLedger
+from hybrid.workers.config import CriticConfig
+from hybrid.workers.forward import PassConfig, micro_batches
+from hybrid.workers.fsdp import clip_and_step
+from hybrid.workers.packing import packed_inputs, padded_inputs
+from hybrid.workers.policy import global_sum
+
+UPDATE_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "values",
+    "returns",
+)
+
+
+def value_micro_batch(model: torch.nn.Module, micro: Batch, config: PassConfig) -> torch.Tensor:
+    """(b, R) values of the micro-batch's response tokens; differentiable if grad is on."""
+    inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
+    out = model(
+        input_ids=inputs.input_ids,
+        attention_mask=inputs.attention_mask,
+        position_ids=inputs.position_ids,
+        use_cache=False,
+    ).logits  # (rows, width, 1)
+    return inputs.scatter(out.flatten(0, 1)[inputs.score_index, 0].float())
+
+
+@torch.no_grad()
+def compute_values(model: torch.nn.Module, batch: Batch, config: PassConfig) -> torch.Tensor:
+    """(b, R) values of `responses`, in row order."""
+    shape = batch.tensors["responses"].shape
+    values = torch.zeros(shape, dtype=torch.float32, device=batch.tensors["responses"].device)
+    for rows in micro_batches(batch, config):
+        values[torch.tensor(rows, device=values.device)] = value_micro_batch(
+            model, batch[rows], config
+        )
+    return values
+
+
+class ValueTrainer:
+    """`ppo_epochs` passes over this rank's rows, one optimizer step per mini-batch of
+    `mini_batch_size` rows, the clipped value loss against the batch's returns."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        config: CriticConfig,
+        pass_config: PassConfig,
+        ledger: MemoryLedger | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.config = config
+        self.pass_config = pass_config
+        self.ledger = ledger
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        missing = [key for key in UPDATE_KEYS if key not in batch]
+        if missing:
+            raise KeyError(f"update_critic needs batch keys {missing}; it has {batch.keys()}")
+        self.model.train()
+        size = self.config.mini_batch_size or len(batch)
+        if len(batch) % size:
+            raise ValueError(f"{len(batch)} rows per rank do not split into mini-batches of {size}")
+        steps = [
+            self._step(batch[start : start + size])
+            for _ in range(self.config.ppo_epochs)
+            for start in range(0, len(batch), size)
+        ]
+        return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+
+    def _step(self, mini: Batch) -> dict[str, float]:
+        c = self.config
+        device = mini.tensors["response_mask"].device
+        global_tokens = global_sum(float(mini.tensors["response_mask"].sum()), device)
+        global_seqs = global_sum(float(len(mini)), device)
+        local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
+        scale = dist.get_world_size() if dist.is_initialized() else 1
+        vf_loss = clipfrac = predicted = 0.0
+        for index, rows in enumerate(micro_batches(mini, self.pass_config)):
+            micro = mini[rows]
+            mask = micro.tensors["response_mask"]
+            values = value_micro_batch(self.model, micro, self.pass_config)
+            loss, micro_clipfrac = clipped_value_loss(
+                values,
+                micro.tensors["values"],
+                micro.tensors["returns"],
+                mask,
+                c.cliprange_value,
+                c.loss_agg_mode,
+                global_tokens=global_tokens,
+                global_seqs=global_seqs,
+            )
+            self._boundary("update_critic/forward", index)
+            (loss * scale).backward()
+            self._boundary("update_critic/backward", index)
+            vf_loss += float(loss.detach()) * scale
+            share = float(mask.sum()) / local_tokens
+            clipfrac += float(micro_clipfrac) * share
+            predicted += float((values.detach() * mask).sum()) / local_tokens
+        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
+        self.scheduler.step()
+        self._boundary("update_critic/optimizer_step")
+        return {
+            "critic/vf_loss": vf_loss,
+            "critic/vf_clipfrac": clipfrac,
+            "critic/vpred_mean": predicted,
+            "critic/grad_norm": grad_norm,
+            "critic/step_applied": float(applied),
+            "critic/lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+
+    def _boundary(self, phase: str, chunk: int | None = None) -> None:
+        if self.ledger is not None:
+            self.ledger.record(phase, chunk=chunk)
+
+
+def warmup_scheduler(
+    optimizer: torch.optim.Optimizer, warmup_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up of the learning rate over `warmup_steps` optimizer steps, then constant
+    (0: constant from the first step)."""
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

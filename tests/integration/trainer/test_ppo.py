@@ -1,0 +1,98 @@
+"""PPO with a critic end to end on 2 CPU workers and the tiny model: the critic's warm-up, the
+adaptive KL penalty in the reward, the critic's phases in the memory ledger, and an exact
+resume of actor, critic and KL controller.
+
+One 3-step run checkpoints after every step; its last checkpoint is then removed and the run
+resumed from step 2: step 3 must repeat exactly (every metric but wall times and memory).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hybrid.memory.records import read_records
+from hybrid.trainer.checkpoints import checkpoint_dir, critic_checkpoint_dir
+from hybrid.trainer.grpo import GRPOTrainer
+from tests.integration.trainer.helpers import (
+    UNREPEATABLE,
+    make_config,
+    read_metrics,
+    write_assets,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+PPO = (
+    "algorithm.adv_estimator=gae",
+    "algorithm.gamma=0.99",
+    "algorithm.lam=0.95",
+    "algorithm.use_kl_in_reward=true",
+    "algorithm.kl_ctrl.type=adaptive",
+    "algorithm.kl_ctrl.kl_coef=0.01",
+    "algorithm.kl_ctrl.target_kl=0.0001",
+    "algorithm.kl_ctrl.horizon=100",
+    "actor.use_kl_loss=false",
+    "critic.micro_batch_size=4",
+    # fp32 on every machine: the KL of equal weights is then rounding-level (checked below)
+    "actor.param_dtype=float32",
+    "ref.param_dtype=float32",
+    "critic.param_dtype=float32",
+    "trainer.critic_warmup=1",
+    "trainer.save_freq=1",
+    "trainer.export_hf=false",
+)
+CRITIC_METRICS = (
+    "critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/values/mean",
+    "critic/returns/mean", "critic/kl", "critic/kl_coeff", "critic/grad_norm",
+    "timing_s/values", "timing_s/update_critic",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("ppo"))
+
+
+def test_ppo_warms_the_critic_up_and_resumes_exactly(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", *PPO)).fit()
+    straight = read_metrics(out)
+    assert [m["step"] for m in straight] == [1, 2, 3]
+    for m in straight:
+        for key in CRITIC_METRICS:
+            assert key in m, (m["step"], key)
+    # Warm-up: step 1 trains only the critic; the actor from step 2 on.
+    assert "actor/pg_loss" not in straight[0] and straight[0]["timing_s/update_actor"] < 0.05
+    assert all("actor/pg_loss" in m for m in straight[1:])
+    # The adaptive controller: each step's coefficient follows from the previous step's
+    # measured KL (the error clipped to +-0.2, scaled by the 16 rows over the horizon 100).
+    assert straight[0]["critic/kl_coeff"] == pytest.approx(0.01)
+    for before, after in zip(straight, straight[1:], strict=False):
+        error = min(max(before["critic/kl"] / 0.0001 - 1, -0.2), 0.2)
+        expected = before["critic/kl_coeff"] * (1 + error * 16 / 100)
+        assert after["critic/kl_coeff"] == pytest.approx(expected, rel=1e-9)
+    # Until the actor's first update (step 2) it is the reference; then the KL moves off 0.
+    # (fp32 passes of equal weights, packed differently: rounding-level KL)
+    assert abs(straight[0]["critic/kl"]) < 1e-5 and abs(straight[1]["critic/kl"]) < 1e-5
+    assert abs(straight[2]["critic/kl"]) > 1e-3  # measured 6e-3
+    # Every critic phase is in the memory ledger.
+    phases = {r.phase for r in read_records(out / "memory.jsonl")}
+    for phase in ("init/critic", "values/forward", "update_critic/optimizer_step"):
+        assert phase in phases, phase
+
+    # Resume from step 2: remove step 3's checkpoint (actor and critic) and run again.
+    shutil.rmtree(checkpoint_dir(out, 3))
+    shutil.rmtree(critic_checkpoint_dir(out, 3))
+    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", *PPO)).fit()
+    resumed = read_metrics(out)
+    assert [m["step"] for m in resumed] == [1, 2, 3, 3]
+    expected, again = straight[2], resumed[3]
+    repeatable = [key for key in expected if not key.startswith(UNREPEATABLE)]
+    assert {"critic/vf_loss", "critic/kl_coeff", "actor/pg_loss"} <= set(repeatable)
+    for key in repeatable:
+        assert again[key] == expected[key], key
