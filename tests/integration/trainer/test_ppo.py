@@ -8,6 +8,7 @@ resumed from step 2: step 3 must repeat exactly (every metric but wall times and
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     # The adaptive controller: each step's coefficient follows from the previous step's
     # measured KL (the error clipped to +-0.2, scaled by the 16 rows over the horizon 100).
     assert straight[0]["critic/kl_coeff"] == pytest.approx(0.01)
-    for before, after in zip(straight, straight[1:], strict=False):
+    for before, after in itertools.pairwise(straight):
         error = min(max(before["critic/kl"] / 0.0001 - 1, -0.2), 0.2)
         expected = before["critic/kl_coeff"] * (1 + error * 16 / 100)
         assert after["critic/kl_coeff"] == pytest.approx(expected, rel=1e-9)
