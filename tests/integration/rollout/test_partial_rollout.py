@@ -52,7 +52,8 @@ from hybrid.explorer.streaming import InFlight
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_engine import VllmEngine
 
-config = RolloutConfig(dtype="float32", response_length=budget, max_model_len=64, n=2,
+config = RolloutConfig(dtype="float32", response_length=budget, prompt_length=8,
+                       max_model_len=64, n=2,
                        ignore_eos=True, load_format="auto", kv_cache_memory_bytes=32 << 20)
 engine = VllmEngine(model_dir, config, torch.device("cpu"), "float32")
 flight = InFlight(group_size=config.n, response_length=budget)
