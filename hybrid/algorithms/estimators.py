@@ -60,7 +60,8 @@ def compute_advantages(
         raise ValueError(
             f"adv_estimator={estimator}: values {'needed' if values is None else 'unused'}"
         )
-    outcome = (token_rewards * response_mask).sum(-1)
+    # where, not a product: NaN x 0 is NaN, and padding must never reach an advantage
+    outcome = torch.where(response_mask.bool(), token_rewards, 0.0).sum(-1)
     if estimator == "grpo":
         return Advantages(compute_grpo_advantages(outcome, group_ids, norm_by_std=norm_adv_by_std))
     if estimator == "rloo":

@@ -28,6 +28,7 @@ from hybrid.controller import (
     RayResourcePool,
     RayWorkerGroup,
     WorkerCallError,
+    WorkerGroupView,
     create_colocated_worker_cls,
     ensure_ray,
 )
@@ -104,6 +105,8 @@ class GRPOTrainer:
             if a.use_kl_in_reward
             else None
         )
+        self.critic: WorkerGroupView | None = None
+        """The critic's view (adv_estimator=gae), set by start_workers."""
         self.step = 0
         self.reward_history: list[float] = []
         self.first_step_started: float | None = None
