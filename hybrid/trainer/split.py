@@ -21,7 +21,8 @@ from typing import Any
 
 import ray
 
-from hybrid.algorithms.advantages import compute_grpo_advantages
+from hybrid.algorithms.estimators import compute_advantages
+from hybrid.algorithms.gae import token_level_rewards
 from hybrid.algorithms.off_policy import mask_stale_tokens, version_lag, version_stats
 from hybrid.buffer.experience import ExperienceBufferActor
 from hybrid.controller import (
@@ -306,9 +307,15 @@ class SplitTrainer(GRPOTrainer):
         )
         old_future = None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout)
         scores, metrics = self.rewards.score(rollout)
-        advantages = compute_grpo_advantages(
-            scores, rollout["uid"], norm_by_std=c.algorithm.norm_adv_by_std
-        )
+        a = c.algorithm  # critic-free estimators here (gae is refused for split placements)
+        advantages = compute_advantages(
+            a.adv_estimator,
+            token_level_rewards(scores, mask),
+            mask,
+            rollout["uid"],
+            gamma=a.gamma,
+            norm_adv_by_std=a.norm_adv_by_std,
+        ).advantages
         rollout = rollout.union(
             Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
         )
