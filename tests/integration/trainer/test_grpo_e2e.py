@@ -146,6 +146,9 @@ BF16_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/entrop
                 "actor/grad_norm", "rollout/logprob_diff_mean", "rollout/logprob_diff_max")  # fmt: skip
 
 
+# By default tests/unit/workers/test_policy.py checks the same (padded, packed and token-budget
+# passes take the same step) on one process; this end-to-end version takes 70 s of CI.
+@pytest.mark.full
 def test_packing_and_token_budgets_keep_the_first_step(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
