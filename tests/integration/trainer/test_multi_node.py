@@ -209,6 +209,7 @@ def test_hsdp_across_two_nodes_trains_as_plain_fsdp(
     assert_same_training(metrics, single_node_run, steps=2)
 
 
+@pytest.mark.full  # a dead worker ending the run runs by default in test_split.py
 def test_a_node_that_leaves_ends_the_run_naming_it(assets: Path, tmp_path: Path) -> None:
     cluster, node_ids = start_cluster()
     try:

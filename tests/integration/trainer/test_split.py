@@ -124,30 +124,45 @@ def run_cell(
     return metrics
 
 
+class OnPolicyRuns:
+    """fixed, interval 1, offset 0 over each transport, same seed, each run when first asked
+    for. The memory run goes across a two-node Ray cluster (one CPU per node: explorer and
+    trainer on different nodes); the other two on one node (both across nodes:
+    test_split_nodes.py, full)."""
+
+    def __init__(self, assets: Path, root: Path) -> None:
+        self.assets, self.root = assets, root
+
+    def __getitem__(self, method: str) -> Path:
+        out = self.root / method
+        if out.exists():
+            return out
+        if method != "memory":
+            run_cell(self.assets, out, method, "fixed", 0)
+            return out
+        cluster, _ = start_cluster()
+        try:
+            run_cell(self.assets, out, method, "fixed", 0, f"trainer.ray_address={cluster.address}")
+        finally:
+            cluster.shutdown()
+        placement = json.loads((out / "placement.json").read_text())
+        assert len(placement["explorer"]) == len(placement["trainer"]) == 1
+        assert placement["explorer"] != placement["trainer"], placement
+        return out
+
+
 @pytest.fixture(scope="module")
-def on_policy_runs(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """fixed, interval 1, offset 0 over each transport, same seed. The memory run goes
-    across a two-node Ray cluster (one CPU per node: explorer and trainer on different
-    nodes); the other two on one node (both across nodes: test_split_nodes.py, full)."""
-    root = tmp_path_factory.mktemp("on_policy")
-    cluster, _ = start_cluster()
-    try:
-        run_cell(
-            assets, root / "memory", "memory", "fixed", 0, f"trainer.ray_address={cluster.address}"
-        )
-    finally:
-        cluster.shutdown()
-    placement = json.loads((root / "memory" / "placement.json").read_text())
-    assert len(placement["explorer"]) == len(placement["trainer"]) == 1
-    assert placement["explorer"] != placement["trainer"], placement
-    for method in ("checkpoint", "nccl"):
-        run_cell(assets, root / method, method, "fixed", 0)
-    return {method: root / method for method in TRANSPORTS}
+def on_policy_runs(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> OnPolicyRuns:
+    return OnPolicyRuns(assets, tmp_path_factory.mktemp("on_policy"))
 
 
-@pytest.mark.parametrize("method", TRANSPORTS)
+# By default the memory transport, across two nodes (nccl and checkpoint run by default in
+# test_fully_async.py and test_split_cell); the other two and their comparison in test-full.
+@pytest.mark.parametrize(
+    "method", [m if m == "memory" else pytest.param(m, marks=pytest.mark.full) for m in TRANSPORTS]
+)
 def test_on_policy_means_every_consumed_token_has_lag_zero(
-    on_policy_runs: dict[str, Path], method: str
+    on_policy_runs: OnPolicyRuns, method: str
 ) -> None:
     metrics = read_metrics(on_policy_runs[method])
     assert all(m["sync/version_lag_max"] == 0 for m in metrics)
@@ -155,7 +170,8 @@ def test_on_policy_means_every_consumed_token_has_lag_zero(
     assert all(m["rollout/fresh_tokens"] > 0 for m in metrics)
 
 
-def test_three_transports_give_identical_engine_weights(on_policy_runs: dict[str, Path]) -> None:
+@pytest.mark.full
+def test_three_transports_give_identical_engine_weights(on_policy_runs: OnPolicyRuns) -> None:
     """Versions 0..2 are the same bytes in the engine whichever way they travelled."""
     digests = {
         method: json.loads((out / "engine_digests.json").read_text())

