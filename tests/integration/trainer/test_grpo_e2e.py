@@ -173,6 +173,9 @@ def test_packing_and_token_budgets_keep_the_first_step(
             assert gap <= 0.02 * max(abs(padded[key]), 1.0), (name, key, gap)
 
 
+# By default the fully-async runs skip the pass (test_fully_async.py) and
+# tests/unit/workers/test_policy.py checks the skipped pass's step and metrics.
+@pytest.mark.full
 def test_an_on_policy_step_skips_the_old_log_prob_pass(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
