@@ -49,16 +49,8 @@ def compute_grpo_advantages(
     Statistics are taken in float64 so that large, nearly equal scores keep their differences.
     The result carries no gradient: advantages are constants of the policy-gradient loss.
     """
-    if scores.dim() != 1:
-        raise ValueError(f"scores must be 1-D (batch,), got shape {tuple(scores.shape)}")
-    index = _group_index(group_ids, scores.device)
-    if index.numel() != scores.numel():
-        raise ValueError(f"got {index.numel()} group_ids for {scores.numel()} scores")
-    num_groups = int(index.max().item()) + 1 if index.numel() else 0
-
-    values = scores.detach().to(torch.float64)
-    zeros = torch.zeros(num_groups, dtype=torch.float64, device=scores.device)
-    counts = torch.bincount(index, minlength=num_groups).to(torch.float64)  # (groups,)
+    values, index, counts = _grouped(scores, group_ids)
+    zeros = torch.zeros_like(counts)
     mean = zeros.index_add(0, index, values) / counts.clamp(min=1)  # (groups,)
     centered = values - mean[index]  # (batch,)
     if norm_by_std:
@@ -81,16 +73,8 @@ def compute_rloo_advantages(
     A_i = s_i - (sum_g - s_i) / (n_g - 1): the baseline is the mean of the OTHER rows of the
     group, so it does not depend on s_i. A group of one gets 0. No gradient; float64 inside.
     """
-    if scores.dim() != 1:
-        raise ValueError(f"scores must be 1-D (batch,), got shape {tuple(scores.shape)}")
-    index = _group_index(group_ids, scores.device)
-    if index.numel() != scores.numel():
-        raise ValueError(f"got {index.numel()} group_ids for {scores.numel()} scores")
-    num_groups = int(index.max().item()) + 1 if index.numel() else 0
-
-    values = scores.detach().to(torch.float64)
-    zeros = torch.zeros(num_groups, dtype=torch.float64, device=scores.device)
-    counts = torch.bincount(index, minlength=num_groups).to(torch.float64)  # (groups,)
+    values, index, counts = _grouped(scores, group_ids)
+    zeros = torch.zeros_like(counts)
     sums = zeros.index_add(0, index, values)  # (groups,)
     others = counts[index] - 1  # (batch,)
     baseline = (sums[index] - values) / others.clamp(min=1)
@@ -122,6 +106,21 @@ def compute_reinforce_plus_plus_advantages(
             running = torch.where(keep[:, t], rewards[:, t] + gamma * running, running)
             returns[:, t] = torch.where(keep[:, t], running, 0.0)
         return masked_whiten(returns, keep)
+
+
+def _grouped(
+    scores: torch.Tensor, group_ids: Sequence[Hashable] | np.ndarray | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The outcome estimators' common start: (batch,) float64 scores without gradient, each
+    row's dense group index, and the (groups,) float64 row count of every group."""
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be 1-D (batch,), got shape {tuple(scores.shape)}")
+    index = _group_index(group_ids, scores.device)
+    if index.numel() != scores.numel():
+        raise ValueError(f"got {index.numel()} group_ids for {scores.numel()} scores")
+    num_groups = int(index.max().item()) + 1 if index.numel() else 0
+    counts = torch.bincount(index, minlength=num_groups).to(torch.float64)
+    return scores.detach().to(torch.float64), index, counts
 
 
 def _group_index(
