@@ -15,6 +15,8 @@ the global mini-batch, whatever the micro-batch size or the split across ranks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -78,11 +80,7 @@ class PolicyTrainer:
                 f"and one mini-batch); here ppo_epochs={self.config.ppo_epochs}, "
                 f"{len(batch) // size} mini-batches"
             )
-        steps: list[dict[str, float]] = []
-        for _ in range(self.config.ppo_epochs):
-            for start in range(0, len(batch), size):
-                steps.append(self._step(batch[start : start + size]))
-        return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+        return mean_over_mini_batches(batch, size, self.config.ppo_epochs, self._step)
 
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
@@ -184,6 +182,19 @@ class PolicyTrainer:
     def _boundary(self, phase: str, chunk: int | None = None) -> None:
         if self.ledger is not None:
             self.ledger.record(phase, chunk=chunk)
+
+
+def mean_over_mini_batches(
+    batch: Batch, size: int, epochs: int, step: Callable[[Batch], dict[str, float]]
+) -> dict[str, float]:
+    """`epochs` passes of `step` (one optimizer step) over consecutive mini-batches of `size`
+    rows; the mean of their metrics."""
+    steps = [
+        step(batch[start : start + size])
+        for _ in range(epochs)
+        for start in range(0, len(batch), size)
+    ]
+    return {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
 
 
 def global_sum(value: float, device: torch.device) -> float:

@@ -19,7 +19,7 @@ from hybrid.workers.config import CriticConfig
 from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
 from hybrid.workers.packing import packed_inputs, padded_inputs
-from hybrid.workers.policy import global_sum
+from hybrid.workers.policy import global_sum, mean_over_mini_batches
 
 UPDATE_KEYS = (
     "input_ids",
@@ -84,12 +84,7 @@ class ValueTrainer:
         size = self.config.mini_batch_size or len(batch)
         if len(batch) % size:
             raise ValueError(f"{len(batch)} rows per rank do not split into mini-batches of {size}")
-        steps = [
-            self._step(batch[start : start + size])
-            for _ in range(self.config.ppo_epochs)
-            for start in range(0, len(batch), size)
-        ]
-        return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+        return mean_over_mini_batches(batch, size, self.config.ppo_epochs, self._step)
 
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
