@@ -327,7 +327,9 @@ def planner_prediction(config: Any, model: str, gpu_memory_gib: float) -> Predic
         raise PredictionUnavailable(f"hybrid.memory.planner is not importable: {error}") from error
     try:
         shape = planner.model_shape(model)
-        plan = planner.plan_memory(config, shape, gpu_memory_gib)
+        critic = config.critic.model.path if config.use_critic else None
+        critic_shape = planner.model_shape(critic) if critic else None
+        plan = planner.plan_memory(config, shape, gpu_memory_gib, critic_shape=critic_shape)
     except Exception as error:  # a planner failure must not take the measured report with it
         raise PredictionUnavailable(
             f"the planner failed: {type(error).__name__}: {error}"

@@ -30,6 +30,9 @@ COMPONENT_COLOURS: dict[str, str] = dict(
             "#f28e2b",  # actor_grads
             "#e15759",  # optimizer_state
             "#76b7b2",  # ref_params
+            "#9c755f",  # critic_params
+            "#d4a6c8",  # critic_grads
+            "#8cd17d",  # critic_optimizer_state
             "#59a14f",  # rollout_weights
             "#edc948",  # kv_cache
             "#b07aa1",  # engine_overhead
@@ -38,7 +41,7 @@ COMPONENT_COLOURS: dict[str, str] = dict(
         strict=True,
     )
 )
-_EXTRA_COLOURS = ("#9c755f", "#17becf", "#bcbd22", "#7f7f7f", "#8c564b", "#e377c2")
+_EXTRA_COLOURS = ("#17becf", "#bcbd22", "#7f7f7f", "#8c564b", "#e377c2")
 
 PHASE_FAMILIES: dict[str, str] = {
     "sync": "#4e79a7",
@@ -46,6 +49,8 @@ PHASE_FAMILIES: dict[str, str] = {
     "trainer": "#9c9c9c",
     "ref": "#76b7b2",
     "old_log_prob": "#b07aa1",
+    "values": "#9c755f",
+    "update_critic": "#f28e2b",
     "update": "#e15759",
 }
 _OTHER_FAMILY_COLOUR = "#d9d9d9"  # init/, validate/, checkpoint/ ...

@@ -133,12 +133,18 @@ def run(args: argparse.Namespace) -> str:
         shape = model_shape(model)
     except ValueError as error:
         raise InputError(f"--model: {error}") from error
-    plan = plan_memory(config, shape, args.gpu_memory_gib)
+    critic_shape = None
+    if config.use_critic and config.critic.model.path is not None:
+        try:
+            critic_shape = model_shape(config.critic.model.path)
+        except ValueError as error:
+            raise InputError(f"critic.model.path: {error}") from error
+    plan = plan_memory(config, shape, args.gpu_memory_gib, critic_shape=critic_shape)
     suggestions = None
     if args.suggest:
         suggestions = [
             dataclasses.replace(s, overrides=tuple(as_hydra_override(cfg, o) for o in s.overrides))
-            for s in suggest(config, shape, args.gpu_memory_gib)
+            for s in suggest(config, shape, args.gpu_memory_gib, critic_shape=critic_shape)
         ]
     if args.json:
         return to_json(plan, suggestions)

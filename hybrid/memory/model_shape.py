@@ -17,6 +17,7 @@ hybrid.memory.planner_sizes's docstring.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,16 @@ class ModelShape:
         """The largest single parameter's shard (what a for-loop optimizer's temporary is)."""
         return _shard(self, world, lora_rank, largest=True)
 
+    def value_model(self) -> ModelShape:
+        """The critic built from this decoder: the LM head replaced by a scalar value head
+        (`score`, (1, h) and a bias), as transformers' token-classification class has it."""
+        h = self.hidden_size
+        kept = tuple((name, dims) for name, dims in self.params if name != "lm_head.weight")
+        head = (("score.weight", (1, h)), ("score.bias", (1,)))
+        return dataclasses.replace(
+            self, name=f"{self.name} (value model)", tied_embeddings=False, params=kept + head
+        )
+
     def gather_peak(self, mode: str, bucket_bytes: int) -> int:
         """Elements of the largest group the weight sync gathers at once."""
         return _gather_peak(self, mode, bucket_bytes)
@@ -148,6 +159,12 @@ class ModelShape:
         h = self.hidden_size
         per_layer = h * cb if checkpointed else self.layer_activations(cb)
         return self.num_layers * per_layer + 4 * h + h * cb
+
+    def layer_backward(self, cb: int, checkpointed: bool) -> int:
+        """One decoder layer's backward working set per token: the activation gradients, and
+        with checkpointing the layer's recomputed activations."""
+        recompute = self.layer_activations(cb) if checkpointed else 0
+        return recompute + (2 * self.hidden_size + 3 * self.intermediate_size) * cb
 
     def nograd_layer(self, cb: int) -> int:
         """A decoder layer's working set per token in a no-grad forward."""

@@ -28,15 +28,16 @@ def format_plan(plan: Plan) -> str:
     unit, scale = _unit(plan)
     reserve = f"a {plan.reserve_gib:g} GiB reserve" if plan.reserve_gib else "no reserve on CPU"
     lora = f", LoRA rank {plan.lora_rank}" if plan.lora_rank else ""
+    width = max(24, *(len(name) + 1 for name in plan.phases))
     lines = [
         f"Memory plan: {plan.model} on {plan.device}{lora}, {plan.gpu_memory_gib:g} GiB per "
         f"worker (budget {plan.budget_gib:g} GiB after {reserve})",
         "",
-        f"{'phase':<24}{'peak ' + unit:>9}  biggest contributors ({unit}; * = transient)",
+        f"{'phase':<{width}}{'peak ' + unit:>9}  biggest contributors ({unit}; * = transient)",
     ]
     for name, phase in plan.phases.items():
         flag = "  <-- peak" if name == plan.peak_phase else ""
-        lines.append(f"{name:<24}{phase.peak_gib * scale:>9.2f}  {_top(phase, scale)}{flag}")
+        lines.append(f"{name:<{width}}{phase.peak_gib * scale:>9.2f}  {_top(phase, scale)}{flag}")
     modes = {mode: plan.phases[STEADY_PHASES[mode]].components_gib for mode in plan.steady_gib}
     lines += ["", f"{'component (' + unit + ')':<24}{'trainer':>9}{'rollout':>9}"]
     for name in COMPONENTS:

@@ -60,12 +60,14 @@ all-linear adapters, adapter sync, layered; actor and optimizer state kept on th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hybrid.memory.critic_sizes import CriticSizes
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, model_shape
 from hybrid.memory.planner_sizes import Bytes, WorkerSizes, lora_rank_of, lora_targets
-from hybrid.memory.records import COMPONENTS, GIB, STEP_PHASES
+from hybrid.memory.records import COMPONENTS, GIB, step_phases
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -97,7 +99,7 @@ class Plan:
     """gpu_memory_gib - reserve_gib: what every phase's peak must stay below."""
     lora_rank: int
     phases: dict[str, PhasePrediction]
-    """By STEP_PHASES name, in step order."""
+    """By STEP_PHASES name, in step order (the critic's only with one)."""
     peak_phase: str
     peak_gib: float
     steady_gib: dict[str, float]
@@ -122,15 +124,30 @@ class Plan:
 
 
 def _resident(
-    w: WorkerSizes, *, actor: bool, optimizer: bool, ref: bool, weights: bool, kv: bool, grads: bool
+    w: WorkerSizes,
+    critic: CriticSizes | None,
+    *,
+    actor: bool,
+    optimizer: bool,
+    ref: bool,
+    weights: bool,
+    kv: bool,
+    grads: bool,
+    critic_params: bool,
+    critic_optimizer: bool,
+    critic_grads: bool,
 ) -> Bytes:
     """Component bytes on the device (zeros left out), given what is there."""
     trainable = w.trainable_shard * w.master
+    value = critic.params() if critic is not None else 0
     held = {
         "actor_params": w.actor_params() if actor else 0,
         "actor_grads": trainable if grads else 0,
         "optimizer_state": 2 * trainable if optimizer else 0,
         "ref_params": w.ref_params() if ref else 0,
+        "critic_params": value if critic_params else 0,
+        "critic_grads": value if critic_grads else 0,
+        "critic_optimizer_state": 2 * value if critic_optimizer else 0,
         "rollout_weights": w.rollout_weights() if weights else 0,
         "kv_cache": max(w.kv_cache(), 0) if kv else 0,
         "engine_overhead": w.engine_overhead(),
@@ -138,8 +155,8 @@ def _resident(
     return {name: held[name] for name in COMPONENTS if held.get(name)}
 
 
-def _phases(w: WorkerSizes) -> dict[str, tuple[Bytes, Bytes]]:
-    """(resident, transient) bytes at the peak of every STEP_PHASES interval."""
+def _phases(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[Bytes, Bytes]]:
+    """(resident, transient) bytes at the peak of every boundary the step records."""
     c, gpu = w.config, w.on_gpu
     kept = {  # between phases; offload and the engine's sleep act only on CUDA
         "actor": not (gpu and c.actor.param_offload),
@@ -148,14 +165,17 @@ def _phases(w: WorkerSizes) -> dict[str, tuple[Bytes, Bytes]]:
         "weights": not (gpu and c.rollout.free_cache_engine),
         "kv": not (gpu and c.rollout.free_cache_engine),
         "grads": False,
+        "critic_params": critic is not None and not (gpu and c.critic.param_offload),
+        "critic_optimizer": critic is not None and not (gpu and c.critic.optimizer_offload),
+        "critic_grads": False,
     }
 
     def on(**moved: bool) -> Bytes:
-        return _resident(w, **{**kept, **moved})
+        return _resident(w, critic, **{**kept, **moved})
 
-    # The reference runs only for the KL loss; with LoRA it is the actor, adapters disabled.
+    # The reference runs for a KL (loss or reward); with LoRA it is the actor, adapters disabled.
     ref, ref_forward = on(), {}
-    if c.actor.use_kl_loss:
+    if c.needs_reference:
         ref = on(actor=True) if w.ref_is_actor else on(ref=True)
         ref_forward = w.scoring("ref", w.ref_cb, 2)
     sync, rollout = on(actor=True, weights=True), on(weights=True, kv=True)
@@ -179,14 +199,35 @@ def _phases(w: WorkerSizes) -> dict[str, tuple[Bytes, Bytes]]:
         "old_log_prob/onload": (on(actor=True), {}),
         "old_log_prob/forward": (on(actor=True), w.scoring("old_log_prob", w.cb, 3)),
         "old_log_prob/offload": (on(actor=True), {}),
+        **(_critic_phases(critic, on) if critic is not None else {}),
         "update/onload": (update, {}),
         "update/forward": (with_grads if accumulating else update, w.update_forward()),
         "update/backward": (with_grads, w.update_backward()),
         "update/optimizer_step": (with_grads, {"optimizer_temps": w.optimizer_temporaries()}),
         "update/offload": (update, {}),
     }
-    assert tuple(phases) == STEP_PHASES, "the planner's phases drifted from STEP_PHASES"
+    assert tuple(phases) == step_phases(critic is not None), "phases drifted from STEP_PHASES"
     return phases
+
+
+def _critic_phases(critic: CriticSizes, on: Callable[..., Bytes]) -> dict[str, tuple[Bytes, Bytes]]:
+    """The critic's values pass and update (its optimizer state onloaded for the update)."""
+    values, update = on(critic_params=True), on(critic_params=True, critic_optimizer=True)
+    with_grads = on(critic_params=True, critic_optimizer=True, critic_grads=True)
+    temporaries = {"optimizer_temps": critic.optimizer_temporaries()}
+    return {
+        "values/onload": (values, {}),
+        "values/forward": (values, critic.values_forward()),
+        "values/offload": (values, {}),
+        "update_critic/onload": (update, {}),
+        "update_critic/forward": (
+            with_grads if critic.accumulates else update,
+            critic.update_forward(),
+        ),
+        "update_critic/backward": (with_grads, critic.update_backward()),
+        "update_critic/optimizer_step": (with_grads, temporaries),
+        "update_critic/offload": (update, {}),
+    }
 
 
 def _gib(table: Bytes) -> dict[str, float]:
@@ -194,18 +235,24 @@ def _gib(table: Bytes) -> dict[str, float]:
 
 
 def plan_memory(
-    config: TrainerRunConfig, shape: ModelShape, gpu_memory_gib: float, lora_rank: int = 0
+    config: TrainerRunConfig,
+    shape: ModelShape,
+    gpu_memory_gib: float,
+    lora_rank: int = 0,
+    critic_shape: ModelShape | None = None,
 ) -> Plan:
     """Predicted memory of one worker at every phase of a step (see the module docstring).
 
     LoRA comes from config.model.lora; `lora_rank` > 0 overrides its rank (the same plan as
-    the override model.lora.rank=R)."""
+    the override model.lora.rank=R). With a critic (algorithm.adv_estimator=gae) its decoder
+    is `critic_shape`, by default the actor's `shape` (critic.model.path unset)."""
     if gpu_memory_gib <= 0:
         raise ValueError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib}")
     rank = lora_rank_of(config, lora_rank)
     w = WorkerSizes(config, shape, rank, gpu_memory_gib * GIB)
+    critic = CriticSizes(config, critic_shape or shape) if config.use_critic else None
     phases = {}
-    for name, (resident, transient) in _phases(w).items():
+    for name, (resident, transient) in _phases(w, critic).items():
         components, extra = _gib(resident), _gib(transient)
         peak = sum(components.values()) + sum(extra.values())
         phases[name] = PhasePrediction(peak, components, extra)

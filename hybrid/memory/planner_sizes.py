@@ -15,8 +15,8 @@ Resident (COMPONENTS names; what the code keeps where):
   actor_grads      the trainable shard in master dtype, from a mini-batch's first backward to
                    the optimizer step (zero_grad(set_to_none=True)).
   optimizer_state  AdamW exp_avg + exp_avg_sq: 2 x the trainable shard x bytes(master).
-  ref_params       P/W x bytes(ref.param_dtype), only with actor.use_kl_loss (the reference is
-                   built for the KL loss); none with LoRA.
+  ref_params       P/W x bytes(ref.param_dtype), only when a KL needs the reference
+                   (actor.use_kl_loss, algorithm.use_kl_in_reward); none with LoRA.
   rollout_weights  2 bytes x ((P - norm weights) / tp + norm weights): vLLM's bf16 weights
                    (+ the adapter slots of a LoRA engine).
   kv_cache         see below.
@@ -130,8 +130,13 @@ __all__ = [
     "MicroBatch",
     "PassName",
     "WorkerSizes",
+    "largest_moment",
     "lora_rank_of",
     "lora_targets",
+    "micro_batch_of",
+    "planned_hardware",
+    "reduce_bytes",
+    "unsharded_bytes",
 ]
 
 CPU_DEFAULT_UTILIZATION = 0.9
@@ -252,9 +257,8 @@ class WorkerSizes:
     def dtypes(self) -> ComputeDtypes:
         """actor / ref / rollout dtypes with `auto` resolved for the planned device."""
         c = self.config
-        hardware = PLANNED_GPU if self.on_gpu else Hardware.detect(torch.device("cpu"))
         return ComputeDtypes.resolve(
-            c.actor.param_dtype, c.ref.param_dtype, c.rollout.dtype, hardware
+            c.actor.param_dtype, c.ref.param_dtype, c.rollout.dtype, planned_hardware(self.on_gpu)
         )
 
     @property
@@ -318,7 +322,7 @@ class WorkerSizes:
 
     def ref_params(self) -> int:
         """The reference copy: built for the KL loss only, and none with LoRA."""
-        if not self.config.actor.use_kl_loss or self.ref_is_actor:
+        if not self.config.needs_reference or self.ref_is_actor:
             return 0
         return self.shape.shard(self.shard_world) * dtype_bytes(self.dtypes.ref)
 
@@ -406,7 +410,7 @@ class WorkerSizes:
             return merge
         # a root tensor (the embedding) is a group of its own, and may be the larger one
         root = self.shape.gather_peak("layer", self.config.sync.bucket_mb << 20) * self.engine_bytes
-        return _largest(merge, {"gather_buffers": root + self.cast_shard()})
+        return largest_moment(merge, {"gather_buffers": root + self.cast_shard()})
 
     def optimizer_temporaries(self) -> int:
         if self.on_gpu:  # foreach AdamW: one temporary the size of the trainable shard
@@ -438,33 +442,27 @@ class WorkerSizes:
 
     def micro_batch(self, name: PassName) -> MicroBatch:
         """The largest micro-batch of a pass (see the module docstring)."""
-        c, seq, r = self.config, self.seq, self.config.rollout.response_length
-        a, ref = c.actor, c.ref
-        dynamic, budget, micro = {
-            "ref": (ref.use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, ref.micro_batch_size),
+        a, ref = self.config.actor, self.config.ref
+        update, dynamic, budget, micro = {
+            "ref": (
+                False,
+                ref.use_dynamic_bsz,
+                ref.log_prob_max_token_len_per_gpu,
+                ref.micro_batch_size,
+            ),
             "old_log_prob": (
+                False,
                 a.use_dynamic_bsz,
                 a.log_prob_max_token_len_per_gpu,
                 a.micro_batch_size,
             ),
-            "update": (a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.micro_batch_size),
+            "update": (True, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.micro_batch_size),
         }[name]
-        rows = (
-            c.mini_batch_rows_per_worker if name == "update" else -(-c.rows_per_step // self.world)
-        )
-        if not dynamic:
-            b = min(micro, rows)
-            return MicroBatch(tokens=b * seq, scored=b * r, split=b < rows)
-        valid = min(budget, rows * seq)
-        # Padded, the budget bounds the valid tokens only: a row may hold a single one.
-        tokens = valid if c.model.use_remove_padding else min(budget, rows) * seq
-        return MicroBatch(tokens=tokens, scored=min(valid, rows * r), split=valid < rows * seq)
+        return micro_batch_of(self.config, update, dynamic, budget, micro)
 
     def unsharded(self, dtype_bytes: int) -> int:
         """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
-        s = self.shape
-        layer = s.largest_layer + self.lora.layer
-        return (s.root_params + 2 * layer) * dtype_bytes
+        return unsharded_bytes(self.shape, dtype_bytes, self.lora.layer)
 
     # Trainer-side transients: a no-grad forward, the update's forward and backward.
 
@@ -482,7 +480,7 @@ class WorkerSizes:
             }
         else:
             head = {"activations": hidden, "logits": self.logits(mb, 1, fp32_copies)}
-        return _largest(
+        return largest_moment(
             {"unsharded_params": unsharded, "activations": mb.tokens * s.nograd_layer(cb)},
             {"unsharded_params": unsharded, **head},
         )
@@ -501,7 +499,7 @@ class WorkerSizes:
         else:
             fp32 = 4 + (1 if self.config.actor.entropy_coeff > 0 else 0)  # + the entropy's graph
             head = {**base, "logits": self.logits(mb, 1, fp32)}
-        return _largest(head, {**base, "activations": saved + mb.tokens * s.nograd_layer(cb)})
+        return largest_moment(head, {**base, "activations": saved + mb.tokens * s.nograd_layer(cb)})
 
     def update_backward(self) -> Bytes:
         """The largest of three moments: the loss's backward through the LM head; the first
@@ -511,9 +509,8 @@ class WorkerSizes:
         cb, lora = self.cb, self.lora_rank > 0
         checkpointed = self.config.model.gradient_checkpointing
         saved = mb.tokens * s.saved_activations(cb, checkpointed)
-        recompute = s.layer_activations(cb) if checkpointed else 0
-        work = mb.tokens * (recompute + (2 * s.hidden_size + 3 * s.intermediate_size) * cb)
-        reduce = cb + (dtype_bytes(a.reduce_dtype) if a.reduce_dtype != self.dtypes.actor else 0)
+        work = mb.tokens * s.layer_backward(cb, checkpointed)
+        reduce = reduce_bytes(self.dtypes.actor, a.reduce_dtype)
         # Until the embedding's gradient closes the root group, it holds the LM head's gradient;
         # with LoRA the root is frozen and only the adapters have gradients.
         head_grad = 0 if lora else s.vocab_size * s.hidden_size * cb
@@ -534,7 +531,7 @@ class WorkerSizes:
                 "logits": self.logits(mb, 2, 3),
             }
             kept = self.logits(mb, 1, 0)  # the (T, V) logits
-        return _largest(
+        return largest_moment(
             {"unsharded_params": unsharded, **head},
             {
                 "unsharded_params": unsharded,
@@ -546,6 +543,39 @@ class WorkerSizes:
         )
 
 
-def _largest(*moments: Bytes) -> Bytes:
+def planned_hardware(on_gpu: bool) -> Hardware:
+    """What `auto` dtypes resolve for: a bf16 GPU, or this machine's CPU."""
+    return PLANNED_GPU if on_gpu else Hardware.detect(torch.device("cpu"))
+
+
+def reduce_bytes(compute: str, reduce_dtype: str) -> int:
+    """Per element of a layer's unsharded gradient: the compute dtype's, + a copy in the
+    reduce dtype for the reduce-scatter when the two differ."""
+    return dtype_bytes(compute) + (dtype_bytes(reduce_dtype) if reduce_dtype != compute else 0)
+
+
+def unsharded_bytes(shape: ModelShape, dtype_bytes: int, adapter_layer: int = 0) -> int:
+    """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
+    return (shape.root_params + 2 * (shape.largest_layer + adapter_layer)) * dtype_bytes
+
+
+def micro_batch_of(
+    config: TrainerRunConfig, update: bool, dynamic: bool, budget: int, micro: int
+) -> MicroBatch:
+    """The largest micro-batch of a pass over the rows one worker holds for it (an update:
+    its share of a mini-batch), by rows (`micro`) or by the token `budget` when `dynamic`."""
+    c = config
+    seq, r = c.rollout.prompt_length + c.rollout.response_length, c.rollout.response_length
+    rows = c.mini_batch_rows_per_worker if update else -(-c.rows_per_step // c.trainer.num_workers)
+    if not dynamic:
+        b = min(micro, rows)
+        return MicroBatch(tokens=b * seq, scored=b * r, split=b < rows)
+    valid = min(budget, rows * seq)
+    # Padded, the budget bounds the valid tokens only: a row may hold a single one.
+    tokens = valid if c.model.use_remove_padding else min(budget, rows) * seq
+    return MicroBatch(tokens=tokens, scored=min(valid, rows * r), split=valid < rows * seq)
+
+
+def largest_moment(*moments: Bytes) -> Bytes:
     """The moment with the most bytes (a phase's peak is its largest moment, not their sum)."""
     return max(moments, key=lambda moment: sum(moment.values()))

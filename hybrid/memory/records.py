@@ -37,12 +37,30 @@ STEP_PHASES: tuple[str, ...] = (
     "old_log_prob/onload",
     "old_log_prob/forward",  # the actor's log-probs before the update
     "old_log_prob/offload",
+    "values/onload",  # PPO's critic (algorithm.adv_estimator=gae) only, as are the next 7
+    "values/forward",  # the critic's values of the response tokens
+    "values/offload",
+    "update_critic/onload",
+    "update_critic/forward",  # per micro-batch
+    "update_critic/backward",  # per micro-batch
+    "update_critic/optimizer_step",  # per mini-batch
+    "update_critic/offload",
     "update/onload",  # actor params and optimizer state on the device
     "update/forward",  # per micro-batch
     "update/backward",  # per micro-batch
     "update/optimizer_step",  # per mini-batch
     "update/offload",
 )
+
+CRITIC_PHASES: tuple[str, ...] = tuple(
+    p for p in STEP_PHASES if p.split("/")[0] in ("values", "update_critic")
+)
+
+
+def step_phases(critic: bool) -> tuple[str, ...]:
+    """The boundaries a step records: STEP_PHASES, less the critic's without one."""
+    return STEP_PHASES if critic else tuple(p for p in STEP_PHASES if p not in CRITIC_PHASES)
+
 
 # Boundaries whose `current_gib` is a steady state (nothing transient alive).
 STEADY_PHASES = {"trainer": "trainer/ready", "rollout": "rollout/wake_kv"}
@@ -55,6 +73,9 @@ COMPONENTS: tuple[str, ...] = (
     "actor_grads",  # their gradients, while they exist
     "optimizer_state",  # AdamW moments
     "ref_params",  # the reference policy's local shards
+    "critic_params",  # PPO's value model: its local shards (master dtype)
+    "critic_grads",  # their gradients, while they exist
+    "critic_optimizer_state",  # its AdamW moments
     "rollout_weights",  # the vLLM engine's weights (awake)
     "kv_cache",  # the vLLM engine's KV cache (awake)
     "engine_overhead",  # the same for vLLM's phases: its start and first generation,

@@ -12,7 +12,9 @@ the longest row, S) instead of its micro_batch_size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +37,9 @@ class Suggestion:
 
 # The changes `suggest` tries, cheapest first (its cost order): a finer sync gather (or, for
 # LoRA's merge mode, a layered one) costs nothing but a few more collectives; the reference's
-# offload moves bf16 weights twice a step; the optimizer's offload moves 2 x fp32 state twice
-# a step; a smaller vLLM share only lowers the KV cache (less concurrency when it was the
+# offload moves bf16 weights twice a step, the critic's (used in two phases) fp32 ones four
+# times; the optimizer's offload moves 2 x fp32 state twice a step (the actor's, then the
+# critic's); a smaller vLLM share only lowers the KV cache (less concurrency when it was the
 # limit); the chunked log-prob head (when turned off) recomputes the LM head in backward, a
 # few percent of the update's compute; gradient checkpointing adds ~1/3 to it; a smaller
 # micro-batch (by rows, or by tokens with use_dynamic_bsz) runs smaller, slower kernels (the
@@ -46,13 +49,19 @@ CHANGE_ORDER: tuple[str, ...] = (
     "sync.gather",
     "sync.layered_summon",
     "ref.param_offload",
+    "critic.param_offload",
     "actor.optimizer_offload",
+    "critic.optimizer_offload",
     "rollout.gpu_memory_utilization",
     "model.log_prob_chunk_tokens",
     "model.gradient_checkpointing",
+    "critic.gradient_checkpointing",
     "ref.micro_batch_size",
     "ref.log_prob_max_token_len_per_gpu",
+    "critic.forward_max_token_len_per_gpu",
     "actor.log_prob_max_token_len_per_gpu",
+    "critic.micro_batch_size",
+    "critic.ppo_max_token_len_per_gpu",
     "actor.micro_batch_size",
     "actor.ppo_max_token_len_per_gpu",
     "actor.param_offload",
@@ -76,7 +85,9 @@ def _replace(config: TrainerRunConfig, key: str, value: Any) -> TrainerRunConfig
 def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: int) -> list[Any]:
     """The values to try for one change, least drastic first; [] where it cannot help."""
     c, gpu, current = config, config.trainer.use_gpu, _get(config, key)
-    uses_ref = c.actor.use_kl_loss and not lora_rank
+    uses_ref = c.needs_reference and not lora_rank
+    if key.startswith("critic.") and not c.use_critic:
+        return []
     if key == "sync.layered_summon":  # LoRA's merge mode gathers by it, not by sync.gather
         return [True] if lora_rank and c.sync.lora_mode == "merge" and not current else []
     if key == "sync.gather":  # LoRA: only adapter mode's first sync (the base) uses it
@@ -87,7 +98,7 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
         return ["layer"] if shape.gather_peak(current, bucket) > layer else []
     if key.endswith("_offload"):  # no-ops on CPU; the reference may not exist
         return [True] if gpu and not current and (uses_ref or key != "ref.param_offload") else []
-    if key == "model.gradient_checkpointing":
+    if key.endswith("gradient_checkpointing"):
         return [] if current else [True]
     if key == "model.log_prob_chunk_tokens":
         return [CHUNK_TOKENS] if current == 0 else []
@@ -98,9 +109,14 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
     if not key.endswith(("micro_batch_size", "_max_token_len_per_gpu")):
         raise AssertionError(f"unknown change {key}")
     # Micro-batches: by rows, or by tokens with the section's use_dynamic_bsz.
-    section = c.ref if key.startswith("ref.") else c.actor
+    owner = key.split(".")[0]
+    dynamic = {
+        "ref": c.ref.use_dynamic_bsz,
+        "critic": c.critic.use_dynamic_bsz,
+        "actor": c.actor.use_dynamic_bsz,
+    }[owner]
     by_tokens = key.endswith("_max_token_len_per_gpu")
-    if section.use_dynamic_bsz != by_tokens or not (c.actor.use_kl_loss or section is c.actor):
+    if dynamic != by_tokens or (owner == "ref" and not c.needs_reference):
         return []  # the other kind of micro-batch, or no reference forward
     least = c.rollout.prompt_length + c.rollout.response_length if by_tokens else 1
     # Halvings; a token budget below the longest row (S tokens) is an error.
@@ -118,6 +134,7 @@ def suggest(
     gpu_memory_gib: float,
     lora_rank: int = 0,
     limit: int = 5,
+    critic_shape: ModelShape | None = None,
 ) -> list[Suggestion]:
     """The smallest sets of changes (CHANGE_ORDER) that make `config` fit, ranked by the
     number of changes, then by cost (the costliest change of each set compared first).
@@ -126,8 +143,10 @@ def suggest(
     (halving), the largest gpu_memory_utilization on a 0.05 grid (usually below the current
     one; above it when vLLM's share cannot hold its weights and a KV cache). A set containing
     a fitting set is left out. Empty when the config already fits, or nothing here does.
+    `critic_shape`: as in plan_memory.
     """
-    if plan_memory(config, shape, gpu_memory_gib, lora_rank).fits:
+    plan = functools.partial(plan_memory, critic_shape=critic_shape)
+    if plan(config, shape, gpu_memory_gib, lora_rank).fits:
         return []
     rank = lora_rank_of(config, lora_rank)
     options = {k: v for k in CHANGE_ORDER if (v := _values(config, shape, k, rank))}
@@ -136,7 +155,7 @@ def suggest(
         for keys in itertools.combinations(options, size):
             if any(set(done) <= set(keys) for done, _ in found):
                 continue  # a subset already fits: this set is not minimal
-            hit = _first_fit(config, shape, gpu_memory_gib, lora_rank, keys, options)
+            hit = _first_fit(plan, config, shape, gpu_memory_gib, lora_rank, keys, options)
             if hit is not None:
                 found.append((keys, hit))
     found.sort(key=lambda item: (len(item[0]), sorted(map(CHANGE_ORDER.index, item[0]))[::-1]))
@@ -144,6 +163,7 @@ def suggest(
 
 
 def _first_fit(
+    plan_memory: Callable[..., Plan],
     config: TrainerRunConfig,
     shape: ModelShape,
     gpu_memory_gib: float,

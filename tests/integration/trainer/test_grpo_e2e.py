@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hybrid.memory.records import STEADY_PHASES, STEP_PHASES, read_records
+from hybrid.memory.records import STEADY_PHASES, read_records, step_phases
 from hybrid.trainer.grpo import GRPOTrainer
 from profiling import memory_report
 from tests.integration.trainer.helpers import (
@@ -24,6 +24,7 @@ from tests.integration.trainer.helpers import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+GRPO_PHASES = step_phases(critic=False)
 
 _VLLM_LOAD = """
 import sys
@@ -96,7 +97,7 @@ def test_the_memory_report_accounts_for_the_steady_states(three_step_run: Path) 
     for step in (1, 2, 3):  # every boundary of a step, in order, on every rank
         for rank in (0, 1):
             seen = [r.phase for r in records if r.step == step and r.rank == rank]
-            assert list(dict.fromkeys(p for p in seen if p in STEP_PHASES)) == list(STEP_PHASES)
+            assert list(dict.fromkeys(p for p in seen if p in GRPO_PHASES)) == list(GRPO_PHASES)
     for record in records:
         if record.step >= 2 and record.phase in STEADY_PHASES.values():
             ratio = record.attributed_gib / record.current_gib
@@ -105,7 +106,7 @@ def test_the_memory_report_accounts_for_the_steady_states(three_step_run: Path) 
     assert memory_report.main([str(out)]) == 0
     report = (out / "memory_report.md").read_text()
     table = [line for line in report.splitlines() if line.startswith("| `")]
-    for phase in STEP_PHASES:
+    for phase in GRPO_PHASES:
         assert any(line.startswith(f"| `{phase}` |") for line in table), phase
     assert "## Global peak" in report and "## Drift of the steady states" in report
     assert (out / "memory_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

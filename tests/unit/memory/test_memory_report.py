@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hybrid.memory.records import STEP_PHASES, MemoryRecord, write_records
+from hybrid.memory.records import MemoryRecord, step_phases, write_records
 from profiling import memory_report
 from profiling.memory_analysis import (
     UNPREDICTED_ON_CPU,
@@ -30,6 +30,7 @@ from profiling.memory_analysis import (
 from profiling.memory_report import main
 
 pytestmark = pytest.mark.unit
+GRPO_PHASES = step_phases(critic=False)  # the synthetic run has no critic
 
 REPO = Path(__file__).resolve().parents[3]
 UNATTRIBUTED = 0.25
@@ -115,7 +116,7 @@ def make_records(
     creep_mib: float = 0.0,
     runtime: float = 0.0,
 ) -> list[MemoryRecord]:
-    """Step 0: init boundaries; steps 1..: every STEP_PHASES boundary (2 sync chunks, 2
+    """Step 0: init boundaries; steps 1..: every GRPO_PHASES boundary (2 sync chunks, 2
     micro-batches); a validate boundary in step 2. Rank r's backward transient is 0.5 r GiB
     higher and micro-batch 1's 0.1 GiB higher, so the peak is update/backward on the last
     rank; `creep_mib` is added to everything once per step after the first."""
@@ -132,7 +133,7 @@ def make_records(
     for step in range(1, num_steps + 1):
         extra = creep_mib / 1024 * (step - 1)
         for ledger in ledgers:
-            for phase in STEP_PHASES:
+            for phase in GRPO_PHASES:
                 moves, transient = MOVES[phase]
                 for chunk in range(REPEATS.get(phase, 1)):
                     ledger.apply(moves)
@@ -172,7 +173,7 @@ def test_phase_table_orders_and_aggregates(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path))
     rows = phase_table(run)
     others = ["init/actor", "init/ref", "init/rollout", "validate/generate"]
-    assert [row.phase for row in rows] == [*STEP_PHASES, *others]
+    assert [row.phase for row in rows] == [*GRPO_PHASES, *others]
     by_phase = {row.phase: row for row in rows}
     assert by_phase["sync/gather_load"].count_per_step == 2
     assert by_phase["update/backward"].count_per_step == 2
@@ -269,7 +270,7 @@ def test_cli_writes_the_report_and_a_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     markdown = report.read_text()
     others = ["init/actor", "init/ref", "init/rollout", "validate/generate"]
-    assert first_cells(section(markdown, "Per phase")) == [*STEP_PHASES, *others]
+    assert first_cells(section(markdown, "Per phase")) == [*GRPO_PHASES, *others]
     assert "in the interval closed by `update/backward` (micro-batch 1), rank 1" in markdown
     breakdown_text = section(markdown, "Component breakdown")
     assert "| attributed / measured | 66.7% | 66.7% |" in breakdown_text

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.memory.planner import Plan, model_shape, plan_memory
-from hybrid.memory.records import COMPONENTS, GIB, STEP_PHASES
+from hybrid.memory.records import COMPONENTS, GIB, step_phases
 from hybrid.memory.suggest import suggest
 from hybrid.trainer.config import TrainerRunConfig
 from profiling.plan import as_hydra_override, compose, compose_config, main
@@ -32,7 +32,8 @@ LORA_OFF = ("model.lora.rank=0", "model.lora.alpha=16")  # the preset with LoRA 
 # Qwen2.5-7B: hidden, MLP width, layers, KV width (4 heads x 128), vocabulary.
 H, MLP, L, KV, V = 3584, 18944, 28, 4 * 128, 152064
 QWEN_7B_PARAMS = 7_615_616_512
-TRAINER_PHASES = [p for p in STEP_PHASES if p.split("/")[0] in ("ref", "old_log_prob", "update")]
+GRPO_PHASES = step_phases(critic=False)
+TRAINER_PHASES = [p for p in GRPO_PHASES if p.split("/")[0] in ("ref", "old_log_prob", "update")]
 
 
 def launcher(*overrides: str) -> TrainerRunConfig:
@@ -95,7 +96,7 @@ def test_unknown_preset_names_the_known_ones() -> None:
 
 def test_every_phase_is_predicted_with_known_components() -> None:
     p = plan()
-    assert tuple(p.phases) == STEP_PHASES
+    assert tuple(p.phases) == GRPO_PHASES
     for name, phase in p.phases.items():
         assert set(phase.components_gib) <= set(COMPONENTS), name
         total = sum(phase.components_gib.values()) + sum(phase.transient_gib.values())
@@ -337,7 +338,7 @@ def test_cli_json_and_suggestions_over_budget(capsys: pytest.CaptureFixture[str]
     assert main([*argv, "--suggest", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["fits"] is False
-    assert list(data["plan"]["phases"]) == list(STEP_PHASES)
+    assert list(data["plan"]["phases"]) == list(GRPO_PHASES)
     assert data["suggestions"] and all(s["margin_gib"] >= 0 for s in data["suggestions"])
     assert main([*argv, "--suggest"]) == 0
     assert "DOES NOT FIT" in capsys.readouterr().out
