@@ -446,22 +446,12 @@ class TrainerRunConfig:
                 f"trainer.critic_warmup ({t.critic_warmup}) must be < trainer.total_steps "
                 f"({t.total_steps}): the actor would never be trained"
             )
-        if self.algorithm.use_kl_in_reward and t.split:
-            raise ValueError(
-                "algorithm.use_kl_in_reward runs colocated for now (trainer.placement="
-                "colocated); on the split placement use actor.use_kl_loss"
-            )
         if not self.use_critic:
             return
         if self.mini_batch_rows_per_worker % c.micro_batch_size:
             raise ValueError(
                 f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be "
                 f"a multiple of critic.micro_batch_size ({c.micro_batch_size})"
-            )
-        if t.split:
-            raise ValueError(
-                "algorithm.adv_estimator=gae runs colocated for now (trainer.placement="
-                "colocated): the split placement's trainer group has no critic yet"
             )
         if self.model.lora.enabled:
             raise ValueError(

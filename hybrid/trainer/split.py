@@ -21,8 +21,6 @@ from typing import Any
 
 import ray
 
-from hybrid.algorithms.estimators import compute_advantages
-from hybrid.algorithms.gae import token_level_rewards
 from hybrid.algorithms.off_policy import mask_stale_tokens, version_lag, version_stats
 from hybrid.buffer.experience import ExperienceBufferActor
 from hybrid.controller import (
@@ -43,6 +41,7 @@ from hybrid.trainer.console import print_lines, print_startup_summary, run_log_d
 from hybrid.trainer.grpo import GRPOTrainer, masked_stats
 from hybrid.trainer.metrics import Sinks, reduce_over_ranks
 from hybrid.trainer.split_loops import SyncSides, WeightChannel
+from hybrid.workers.critic import CriticWorker
 from hybrid.workers.ref import ReferenceWorker
 from hybrid.workers.trainer_worker import TrainerWorker
 
@@ -124,6 +123,7 @@ class SplitTrainer(GRPOTrainer):
                 # "trainer": the name errors from this member carry (trainer.<method> failed).
                 "trainer": RayClassWithInitArgs(TrainerWorker, worker_config),
                 "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
+                "critic": RayClassWithInitArgs(CriticWorker, worker_config),
             }
         )
         self.group = RayWorkerGroup(
@@ -132,13 +132,17 @@ class SplitTrainer(GRPOTrainer):
             ray_address=t.ray_address,
             log_dir=None if log_dir is None else Path(log_dir) / "trainer",
         )
-        views = self.group.spawn(prefix_set={"trainer", "ref"})
+        # The reference and PPO's critic live with the trainer group: they serve the update.
+        views = self.group.spawn(prefix_set={"trainer", "ref", "critic"})
         self.actor, self.ref = views["trainer"], views["ref"]
         self.reference = self.ref
+        self.critic = views["critic"] if c.use_critic else None
         engines = self.explorers.init_engine.submit()
         self.actor.init_model()
-        if c.actor.use_kl_loss:
+        if c.needs_reference:
             self.ref.init_model()
+        if self.critic is not None:
+            self.critic.init_model()
         engines.get()
         explorer_facts = self.explorers.describe()[0]
         self.worker_facts = self.actor.describe()[0]
@@ -281,8 +285,10 @@ class SplitTrainer(GRPOTrainer):
         self, samples: list[Any], trained_on: int, lag_bound: int
     ) -> tuple[Batch, dict[str, float]]:
         """Score whole groups of Samples (rewards, reference, old log-probs under
-        `trained_on`, the version the actor holds) and update the actor on them. A token
-        lagging more than `lag_bound` versions means the schedule broke: raise."""
+        `trained_on`, the version the actor holds, the critic's values), compute their
+        advantages as the colocated step does, and update the critic and the actor on them
+        (the actor after trainer.critic_warmup steps). A token lagging more than `lag_bound`
+        versions means the schedule broke: raise."""
         c = self.config
         rollout = samples_to_batch(
             samples,
@@ -302,27 +308,17 @@ class SplitTrainer(GRPOTrainer):
         if c.on_policy_update:  # the update's own first pass checks them
             rollout = rollout.union(Batch.from_dict({"fresh_mask": fresh}))
         t0 = time.perf_counter()
-        ref_future = (
-            self.reference.compute_ref_log_prob.submit(rollout) if c.actor.use_kl_loss else None
-        )
-        old_future = None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout)
+        futures = [
+            self.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
+            None if c.on_policy_update else self.actor.compute_log_prob.submit(rollout),
+            self.critic.compute_values.submit(rollout) if self.critic is not None else None,
+        ]
         scores, metrics = self.rewards.score(rollout)
-        a = c.algorithm  # critic-free estimators here (gae is refused for split placements)
-        advantages = compute_advantages(
-            a.adv_estimator,
-            token_level_rewards(scores, mask),
-            mask,
-            rollout["uid"],
-            gamma=a.gamma,
-            norm_adv_by_std=a.norm_adv_by_std,
-        ).advantages
-        rollout = rollout.union(
-            Batch.from_dict({"token_level_scores": scores, "advantages": advantages})
-        )
-        if ref_future is not None:
-            rollout = rollout.union(ref_future.get())
-        if old_future is not None:
-            rollout = rollout.union(old_future.get())
+        for future in futures:
+            if future is not None:
+                rollout = rollout.union(future.get())
+        rollout, advantage_metrics = self.add_advantages(rollout, scores)
+        metrics.update(advantage_metrics)
         scoring_s = time.perf_counter() - t0
         trained = rollout
         if c.algorithm.off_policy_correction == "mask":
@@ -331,8 +327,14 @@ class SplitTrainer(GRPOTrainer):
             trained = Batch(tensors, rollout.non_tensors, rollout.meta)
             metrics["actor/masked_stale_tokens"] = float((mask - kept).sum())
         order = balanced_order(trained["attention_mask"].sum(-1), c.trainer.num_trainer_workers)
+        if self.critic is not None:
+            t0 = time.perf_counter()
+            metrics.update(reduce_over_ranks(self.critic.update_critic(trained[order])))
+            metrics["timing_s/update_critic"] = time.perf_counter() - t0
+        update: dict[str, float] = {}
         t0 = time.perf_counter()
-        update = reduce_over_ranks(self.actor.update_actor(trained[order]))
+        if self.step > c.trainer.critic_warmup:
+            update = reduce_over_ranks(self.actor.update_actor(trained[order]))
         update_s = time.perf_counter() - t0
         worker = reduce_over_ranks(self.actor.pop_metrics())
         if not c.on_policy_update:  # else the update's own pass reported the sync check
@@ -343,6 +345,8 @@ class SplitTrainer(GRPOTrainer):
             )
         metrics.update(update)
         metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
+        if self.critic is not None:
+            metrics["timing_s/values"] = worker.get("timing_s/values", 0.0)
         metrics.update(version_stats(versions, mask, trained_on))
         lengths = mask.sum(-1)
         metrics.update(

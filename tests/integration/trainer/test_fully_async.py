@@ -188,3 +188,29 @@ def test_staleness_stays_bounded_in_every_cell(
     assets: Path, tmp_path: Path, cell: tuple[int, float, str, int, int]
 ) -> None:
     staleness_run(assets, tmp_path / "run", *cell)
+
+
+@pytest.mark.full  # the critic on split is in the default run (test_split.py::test_split_cell)
+def test_ppo_with_a_critic_trains_each_update(assets: Path, tmp_path: Path) -> None:
+    """PPO with the critic on the trainer group, fully async: every update (one of two groups
+    per version here) trains the critic, the actor from step 2 on (one warm-up step), with the KL
+    penalty in the reward; the staleness bounds hold as without a critic."""
+    threshold, max_lag = 0.5, 1
+    metrics, record = run_async(
+        assets,
+        tmp_path / "run",
+        4,
+        "sync.method=memory",
+        "algorithm.ppo_mini_batch_size=2",
+        "critic.micro_batch_size=8",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=true",
+        "trainer.critic_warmup=1",
+        f"fully_async.staleness_threshold={threshold}",
+        f"fully_async.max_version_lag={max_lag}",
+    )
+    check_bounds(metrics, record, threshold, max_lag, groups_per_version=2)
+    for m in metrics:
+        assert m["timing_s/update_critic"] > 0 and "critic/vf_explained_var" in m, m["step"]
+    assert "actor/pg_loss" not in metrics[0]
+    assert all("actor/pg_loss" in m for m in metrics[1:])

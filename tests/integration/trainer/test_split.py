@@ -182,18 +182,32 @@ def test_three_transports_give_identical_engine_weights(on_policy_runs: OnPolicy
     assert len(set(digests["memory"].values())) == 3  # and the weights did change
 
 
+# PPO with a critic on the trainer group: GAE, the KL penalty in the reward (beside the KL
+# loss of small_run_overrides), one warm-up step that trains only the critic.
+PPO = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "trainer.critic_warmup=1")
+
+
 @pytest.mark.parametrize(("method", "style", "offset"), DEFAULT_CELLS)
 def test_split_cell(assets: Path, tmp_path: Path, method: str, style: str, offset: int) -> None:
     """With validation before training: the explorers load version 0 before it runs (a
-    validation on the engine's dummy weights would raise)."""
+    validation on the engine's dummy weights would raise). PPO with a critic: the critic
+    lives with the trainer group, learns from step 1, the actor from step 2."""
     out = tmp_path / "run"
     val = [f"data.val_files=[{assets / 'test.jsonl'}]", "trainer.val_before_train=true"]
-    run_cell(assets, out, method, style, offset, *val)
+    run_cell(assets, out, method, style, offset, *val, *PPO)
     first = read_metrics(out)[0]
     assert first["step"] == 0 and first["val/num_prompts"] == 8, first
     assert 0.0 <= first["val/reward_mean"] <= 1.0
     loads = [e.version for e in timeline(out) if e.side == "explorer" and e.old.value != "running"]
     assert loads[1] == 0, loads  # after the start: the first load is version 0
+    steps = read_metrics(out)[1:]
+    for m in steps:
+        for key in ("critic/vf_loss", "critic/vf_explained_var", "critic/kl", "critic/kl_coeff"):
+            assert key in m, (m["step"], key)
+        assert m["timing_s/values"] > 0 and m["timing_s/update_critic"] > 0
+    assert "actor/pg_loss" not in steps[0] and all("actor/pg_loss" in m for m in steps[1:])
+    phases = {json.loads(line)["phase"] for line in (out / "memory.jsonl").open()}
+    assert {"init/critic", "values/forward", "update_critic/optimizer_step"} <= phases
 
 
 @pytest.mark.full

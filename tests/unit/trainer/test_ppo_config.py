@@ -62,10 +62,6 @@ def test_the_default_config_builds_with_gae() -> None:
             r"critic\.mini_batch_size \(4\) is derived .*algorithm\.ppo_mini_batch_size",
         ),
         (
-            (GAE, "trainer.placement=split"),
-            r"algorithm\.adv_estimator=gae runs colocated .*trainer\.placement=colocated",
-        ),
-        (
             (GAE, "critic.micro_batch_size=48"),  # 16 x 8 / 2 = 64 rows per worker
             r"rows per worker per optimizer step \(64\) .*critic\.micro_batch_size \(48\)",
         ),
@@ -74,6 +70,18 @@ def test_the_default_config_builds_with_gae() -> None:
 def test_bad_ppo_input_names_the_field(overrides: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         config(*overrides)
+
+
+@pytest.mark.parametrize("fully_async", ["false", "true"])
+def test_the_critic_and_kl_in_reward_build_on_the_decoupled_placements(fully_async: str) -> None:
+    split = ("trainer.placement=split", f"fully_async.enable={fully_async}")
+    built = config(GAE, "algorithm.use_kl_in_reward=true", *split)
+    assert built.use_critic and built.needs_reference and built.trainer.split
+    # The critic's mini-batch follows the trainer group's share, like the actor's.
+    worker = built.worker_config()
+    assert worker.critic.mini_batch_size == worker.actor.mini_batch_size
+    assert worker.critic.mini_batch_size == 16 * 8 // built.trainer.num_trainer_workers
+    assert not built.on_policy_update  # the penalty needs the old log-probs
 
 
 def test_critic_warmup_just_below_total_steps_builds() -> None:
