@@ -55,6 +55,9 @@ from hybrid.workers.ref import ReferenceWorker
 
 logger = logging.getLogger(__name__)
 
+CRITIC_EXPORT_DIR = "hf_critic"
+"""Beside hf_model: PPO's critic as a Hugging Face value model."""
+
 
 def masked_stats(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     """(mean, max) of |values| over mask."""
@@ -201,6 +204,8 @@ class GRPOTrainer:
                 self.actor.export_adapter(str(Path(out) / LORA_ADAPTER_DIR))
             if c.trainer.export_hf:  # with LoRA: the adapters merged into the base
                 self.actor.export_hf(str(Path(out) / "hf_model"))
+                if self.critic is not None:
+                    self.critic.export_hf(str(Path(out) / CRITIC_EXPORT_DIR))
         except BaseException:
             sinks.close()
             self.stop_workers(after_failure=True)

@@ -9,8 +9,11 @@ process's memory ledger (`values/...`, `update_critic/...`).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
+
+from transformers import PretrainedConfig
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
@@ -25,6 +28,7 @@ from hybrid.memory.ledger import process_ledger
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig
+from hybrid.workers.export import export_hf_model
 from hybrid.workers.forward import pass_config
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.parallel import init_parallel
@@ -141,6 +145,21 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> dict[str, float]:
         with self.offloader.phase("update_critic", self.ledger, with_optimizer=True):
             return self.trainer.update(batch.to(self.device))
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def export_hf(self, path: str) -> str:
+        """The critic as a Hugging Face directory at `path` (written by rank 0): bf16 weights
+        and a config naming the value-head class (AutoModelForTokenClassification loads it,
+        num_labels=1)."""
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+        )
+
+        config: PretrainedConfig = copy.deepcopy(self.model.config)  # type: ignore[assignment]
+        config.architectures = [MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES[config.model_type]]
+        assert self.config.critic.model.path is not None
+        with self.offloader.phase("export_hf", self.ledger):
+            return str(export_hf_model(self.model, self.config.critic.model.path, path, config))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -1,4 +1,5 @@
-"""Exporting the trained actor as a Hugging Face model directory (transformers and vLLM load it).
+"""Exporting the trained actor (or PPO's critic) as a Hugging Face model directory
+(transformers and vLLM load the actor's; transformers' token-classification class the critic's).
 
 Every rank takes part in gathering the full state dict (offloaded to CPU); rank 0 writes
 bf16 safetensors next to copies of the source model's config and tokenizer files. A LoRA
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import PretrainedConfig
 
 _COPIED = (
     "config.json",
@@ -25,7 +27,13 @@ _COPIED = (
 )
 
 
-def export_hf_model(model: torch.nn.Module, source_dir: str | Path, target_dir: str | Path) -> Path:
+def export_hf_model(
+    model: torch.nn.Module,
+    source_dir: str | Path,
+    target_dir: str | Path,
+    config: PretrainedConfig | None = None,
+) -> Path:
+    """The FSDP2 `model` gathered and written by rank 0 (see write_hf_model)."""
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
@@ -35,14 +43,18 @@ def export_hf_model(model: torch.nn.Module, source_dir: str | Path, target_dir: 
         for name, tensor in state.items()
         if not (tied and name == "lm_head.weight")  # a tied checkpoint stores it once
     }
-    return write_hf_model(tensors, source_dir, target_dir)
+    return write_hf_model(tensors, source_dir, target_dir, config)
 
 
 def write_hf_model(
-    tensors: dict[str, torch.Tensor], source_dir: str | Path, target_dir: str | Path
+    tensors: dict[str, torch.Tensor],
+    source_dir: str | Path,
+    target_dir: str | Path,
+    config: PretrainedConfig | None = None,
 ) -> Path:
     """Rank 0 writes `tensors` (Hugging Face names) as bf16 safetensors beside the source's
-    config and tokenizer files; every rank waits for it."""
+    config and tokenizer files; every rank waits for it. `config` replaces the source's
+    config.json (a critic: the decoder's config with its value-head class)."""
     target = Path(target_dir)
     if not dist.is_initialized() or dist.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
@@ -51,6 +63,8 @@ def write_hf_model(
         for name in _COPIED:
             if (Path(source_dir) / name).exists():
                 shutil.copyfile(Path(source_dir) / name, target / name)
+        if config is not None:
+            config.to_json_file(str(target / "config.json"))
     if dist.is_initialized():
         dist.barrier()
     return target

@@ -13,10 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from hybrid.memory.records import STEP_PHASES, read_records, step_phases
 from hybrid.trainer.checkpoints import checkpoint_dir, critic_checkpoint_dir
-from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.trainer.grpo import CRITIC_EXPORT_DIR, GRPOTrainer
 from profiling.memory_analysis import load_config, planner_prediction
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
@@ -44,7 +45,6 @@ PPO = (
     "critic.param_dtype=float32",
     "trainer.critic_warmup=1",
     "trainer.save_freq=1",
-    "trainer.export_hf=false",
 )
 CRITIC_METRICS = (
     "critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/values/mean",
@@ -62,7 +62,9 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", *PPO)).fit()
+    GRPOTrainer(
+        make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)
+    ).fit()
     straight = read_metrics(out)
     assert [m["step"] for m in straight] == [1, 2, 3]
     for m in straight:
@@ -95,7 +97,9 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     # Resume from step 2: remove step 3's checkpoint (actor and critic) and run again.
     shutil.rmtree(checkpoint_dir(out, 3))
     shutil.rmtree(critic_checkpoint_dir(out, 3))
-    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", *PPO)).fit()
+    GRPOTrainer(
+        make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)
+    ).fit()
     resumed = read_metrics(out)
     assert [m["step"] for m in resumed] == [1, 2, 3, 3]
     expected, again = straight[2], resumed[3]
@@ -103,3 +107,17 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     assert {"critic/vf_loss", "critic/kl_coeff", "actor/pg_loss"} <= set(repeatable)
     for key in repeatable:
         assert again[key] == expected[key], key
+
+    # The export (resumed run): the actor as a causal LM, the critic as a value model that
+    # transformers' token-classification class loads whole, one value per token.
+    from transformers import AutoModelForTokenClassification
+
+    critic, info = AutoModelForTokenClassification.from_pretrained(
+        out / CRITIC_EXPORT_DIR, output_loading_info=True
+    )
+    assert critic.config.num_labels == 1 and not info["missing_keys"], info
+    assert not info["unexpected_keys"], info
+    ids = torch.tensor([[1, 2, 3, 4]])
+    values = critic(input_ids=ids).logits
+    assert values.shape == (1, 4, 1) and torch.isfinite(values).all()
+    assert (out / "hf_model" / "model.safetensors").is_file()
