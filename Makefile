@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	PYTHON=$(PY) bash examples/run_cpu_demo.sh
+	PYTHON=$(PY) bash examples/run_cpu_demo.sh $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybrid tests profiling examples
