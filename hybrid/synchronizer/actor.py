@@ -168,20 +168,33 @@ class Synchronizer:
                 self._cond.wait(remaining)
 
     def wait_for_state(
-        self, side: Side, states: Iterable[SyncState], timeout_s: float, waiter: Side
+        self,
+        side: Side,
+        states: Iterable[SyncState],
+        timeout_s: float,
+        waiter: Side,
+        min_version: int | None = None,
     ) -> SyncState | None:
-        """Block until `side` is in one of `states` and return that state, or return None after
-        `timeout_s`. Raise PeerStoppedError when a side stops first (unless STOPPED is awaited).
+        """Block until `side` is in one of `states` (holding at least `min_version`, when
+        given) and return that state, or return None after `timeout_s`. Raise PeerStoppedError
+        when a side stops first (unless STOPPED is awaited).
 
         This waits for a state, not an event: a state the side leaves again at once may be
-        missed, so await states the side holds until the waiter acts (nccl's WAITING_SYNC)."""
+        missed, so await states the side holds until the waiter acts (nccl's WAITING_SYNC).
+        Conversely a state may still show an event that is over: the trainer stays
+        WAITING_SYNC for a moment after its broadcast has been received, so an explorer that
+        asks for the next offer names the version it needs."""
         wanted = frozenset(SyncState(state) for state in states)
         deadline = time.monotonic() + timeout_s
         waited_for = f"{side} in {sorted(state.value for state in wanted)}"
+        if min_version is not None:
+            waited_for += f" at weight version >= {min_version}"
         with self._cond:
             sides = self._sides_to_watch(side, waiter)
             while True:
-                if self._states[side] in wanted:
+                if self._states[side] in wanted and (
+                    min_version is None or self._versions[side] >= min_version
+                ):
                     return self._states[side]
                 if SyncState.STOPPED not in wanted:
                     self._raise_if_stopped(sides, waiter, waited_for)

@@ -225,13 +225,10 @@ class SyncSides:
             step, held
         )
         if self.nccl:
-            offered = self._state("trainer") == WAITING
-            if not (must or asks or offered):
+            if not (must or asks or self._offered(held)):
                 return
             self._set("explorer", REQUIRE, held)
-            seen = ray.get(
-                self.sync.wait_for_state.remote("trainer", [WAITING], self.timeout_s, "explorer")
-            )
+            seen = self._wait_for_offer(held)
             if seen is None:
                 self._give_up(step, required, must)
                 return
@@ -264,12 +261,10 @@ class SyncSides:
         Returns the version held afterwards."""
         held = self.explorer_version
         if self.nccl:
-            if not (wait or self._state("trainer") == WAITING):
+            if not (wait or self._offered(held)):
                 return held
             self._set("explorer", REQUIRE, held)
-            seen = ray.get(
-                self.sync.wait_for_state.remote("trainer", [WAITING], self.timeout_s, "explorer")
-            )
+            seen = self._wait_for_offer(held)
             if seen is None:
                 raise SyncTimeoutError(self._no_newer_version(held))
             version = int(ray.get(self.sync.version.remote("trainer")))
@@ -289,6 +284,24 @@ class SyncSides:
         self._probe(held)
         self._loaded(newest, self.channel.load(newest))
         return newest
+
+    def _offered(self, held: int) -> bool:
+        """nccl: the trainer offers a version newer than `held` right now. Its state alone
+        would not do: it stays WAITING_SYNC for a moment after the explorer has received its
+        broadcast, and joining that finished offer would wait for a send that never comes."""
+        return (
+            self._state("trainer") == WAITING
+            and int(ray.get(self.sync.version.remote("trainer"))) > held
+        )
+
+    def _wait_for_offer(self, held: int) -> SyncState | None:
+        """nccl: wait until the trainer offers a version newer than `held` (None: timed out)."""
+        seen = ray.get(
+            self.sync.wait_for_state.remote(
+                "trainer", [WAITING], self.timeout_s, "explorer", min_version=held + 1
+            )
+        )
+        return None if seen is None else SyncState(seen)
 
     def _no_newer_version(self, held: int) -> str:
         return (

@@ -84,6 +84,26 @@ def test_a_waiter_wakes_on_the_state_it_awaits(make_sync: Callable) -> None:
     assert ray.get(sync.states.remote()) == {"trainer": "waiting_sync", "explorer": "stopped"}
 
 
+def test_a_finished_offer_does_not_answer_a_wait_for_a_newer_one(make_sync: Callable) -> None:
+    """The trainer is still WAITING_SYNC at version 7 after the explorer received 7: an
+    explorer that asks for the next offer (>= 8) keeps waiting until 8 is offered."""
+    sync = make_sync("nccl")
+    ray.get(sync.set_state.remote("trainer", S.RUNNING, 6))
+    ray.get(sync.set_state.remote("trainer", S.WAITING_SYNC, 7))
+    assert ray.get(sync.wait_for_state.remote("trainer", [S.WAITING_SYNC], 0.2, "explorer", 8)) is (
+        None
+    )
+    waiting = sync.wait_for_state.remote("trainer", [S.WAITING_SYNC], WAIT_S, "explorer", 8)
+    assert still_blocked(waiting)
+    ray.get(sync.set_state.remote("trainer", S.RUNNING, 7))
+    assert still_blocked(waiting)
+    ray.get(sync.set_state.remote("trainer", S.WAITING_SYNC, 8))
+    assert ray.get(waiting, timeout=WAIT_S) is S.WAITING_SYNC
+    assert ray.get(sync.wait_for_state.remote("trainer", [S.WAITING_SYNC], 0.0, "explorer", 8)) is (
+        S.WAITING_SYNC
+    )
+
+
 def test_stop_makes_blocked_waiters_raise_naming_side_and_reason(make_sync: Callable) -> None:
     sync = make_sync()
     ray.get(sync.publish.remote(0))
