@@ -2,7 +2,7 @@
 
 Each function returns bytes per device type ("cuda" / "cpu"), so one call tells what sits on
 the accelerator and what was offloaded to the host. FSDP2 parameters count their local
-shard (`DTensor.to_local()`); tensors sharing a storage (views, tied weights, vLLM's KV
+shard (the tensor a `DTensor` wraps); tensors sharing a storage (views, tied weights, vLLM's KV
 layers carved out of one buffer) count once.
 """
 
@@ -18,7 +18,10 @@ ByDevice = Counter[str]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    # The shard the DTensor wraps, read directly: to_local() returns a fresh view of it for
+    # parameters (and records an autograd node when grad is on), which a ledger boundary
+    # walking every tensor of the step pays for many times over.
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> ByDevice:

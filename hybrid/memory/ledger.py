@@ -20,6 +20,7 @@ metrics (`pop_metrics`) and the records for `memory.jsonl` (`pop_records`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -58,31 +59,45 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def _rss_peak_gib(current: float) -> float:
-    """The kernel's peak-RSS mark (VmHWM); the current RSS where /proc has none."""
+def _rss_and_peak_gib() -> tuple[float, float]:
+    """(current RSS, the kernel's peak-RSS mark VmHWM) from one read of /proc/self/status;
+    psutil's RSS (and no separate peak) where /proc has none."""
     try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return max(float(line.split()[1]) * 1024 / GIB, current)
-    except OSError:
-        pass
-    return current
+        fields = dict(
+            line.split(":", 1) for line in _STATUS.read_text().splitlines() if ":" in line
+        )
+        rss = float(fields["VmRSS"].split()[0]) * 1024 / GIB
+        return rss, max(float(fields["VmHWM"].split()[0]) * 1024 / GIB, rss)
+    except (OSError, KeyError, ValueError):
+        rss = _process().memory_info().rss / GIB
+        return rss, rss
+
+
+def _process() -> psutil.Process:
+    """This process's handle, made once per pid (building one reads /proc each time)."""
+    global _PROCESS
+    if _PROCESS is None or _PROCESS.pid != os.getpid():
+        _PROCESS = psutil.Process()
+    return _PROCESS
+
+
+_PROCESS: psutil.Process | None = None
 
 
 def measure_and_reset() -> DeviceMemory:
     """Measure now, then start a new peak interval."""
-    rss = psutil.Process().memory_info().rss / GIB
     if _cuda_in_use():
         sample = DeviceMemory(
             "cuda",
             torch.cuda.memory_allocated() / GIB,
             torch.cuda.max_memory_allocated() / GIB,
-            rss,
+            _process().memory_info().rss / GIB,
             torch.cuda.memory_reserved() / GIB,
         )
         torch.cuda.reset_peak_memory_stats()
         return sample
-    sample = DeviceMemory("cpu", rss, _rss_peak_gib(rss), rss, None)
+    rss, peak = _rss_and_peak_gib()
+    sample = DeviceMemory("cpu", rss, peak, rss, None)
     reset_rss_peak()
     return sample
 
@@ -139,8 +154,11 @@ class MemoryLedger:
         """(on the device, offloaded to the host), in GiB, from every source."""
         on_device = dict(self._warmup)
         on_host: dict[str, float] = {}
-        for source in self._sources.values():
-            for component, by_device in source().items():
+        # Without autograd a DTensor's to_local() is an attribute read, not a graph node.
+        with torch.no_grad():
+            sources = [source() for source in self._sources.values()]
+        for found in sources:
+            for component, by_device in found.items():
                 for where, nbytes in by_device.items():
                     target = on_device if where == device else on_host
                     target[component] = target.get(component, 0.0) + nbytes / GIB

@@ -143,11 +143,17 @@ def build_optimizer(
     betas: tuple[float, float],
     eps: float,
 ) -> torch.optim.AdamW:
-    """AdamW over the (sharded) parameters of `model` that require grad."""
+    """AdamW over the (sharded) parameters of `model` that require grad.
+
+    `foreach=True` on every device: torch picks it by default only on CUDA, and elsewhere
+    loops over the parameters in Python, a dozen DTensor dispatches per parameter per step
+    (the update's largest fixed cost on a small model). Both give the same numbers."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no trainable parameters (was it built with trainable=False?)")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+    return torch.optim.AdamW(
+        params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, foreach=True
+    )
 
 
 def clip_and_step(

@@ -15,7 +15,7 @@ from hybrid.memory.components import (
     parameter_bytes,
     tensor_bytes,
 )
-from hybrid.memory.ledger import MemoryLedger
+from hybrid.memory.ledger import MemoryLedger, measure_and_reset
 from hybrid.memory.records import GIB, MemoryRecord, read_records, write_records
 
 pytestmark = pytest.mark.unit
@@ -153,3 +153,13 @@ def test_record_file_round_trip_and_bad_lines(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"memory\.jsonl:1: not JSON"):
         list(read_records(path))
     assert isinstance(records[-1], MemoryRecord)
+
+
+def test_a_cpu_boundary_reads_the_process_rss_and_its_peak() -> None:
+    import psutil
+
+    sample = measure_and_reset()
+    rss = psutil.Process().memory_info().rss / GIB
+    assert sample.device == "cpu"
+    assert sample.current_gib == pytest.approx(rss, rel=0.05)
+    assert sample.peak_gib >= sample.current_gib

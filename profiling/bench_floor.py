@@ -1,0 +1,278 @@
+"""A GRPO step next to its floors: how much of it is machinery rather than arithmetic.
+
+In one process, step by step and interleaved (A B A B), this runs
+  our step:   the colocated trainer (Ray, FSDP2, in-process vLLM, the mode switch) on the
+              default config at the demo's size (8 prompts x 4 samples x up to 16 new tokens,
+              lr 1e-4, one on-policy update), with 1 and with 2 workers;
+  its floors: a bare `vllm.LLM.generate` in this process (no Ray, no torch.distributed
+              world, the run's engine settings and sampling parameters, one seed per prompt)
+              and a bare torch update of the rows it generated: the Hugging Face model in the
+              actor's resolved compute dtype, no FSDP, packed micro-batches of the actor's
+              size, log-probs and entropy from the logits, the on-policy PPO loss with group
+              advantages, backward, gradient clipping, one AdamW step.
+Both floors start from the same checkpoint as the actor and see the same prompt set; they
+keep their own (untrained) engine, so the mean response lengths are printed beside each
+other. Figures are medians over steps `--skip`+1 .. `--steps` of every round; rounds
+alternate the worker counts (1, 2, 1, 2, ...).
+
+Per worker count it prints each phase's ratio to its floor:
+  update_actor / floor update, rollout_call (sync + mode switch + generate + Ray, as the
+  driver sees it) / floor generate, step / (floor generate + floor update),
+and the last line is a JSON object with every figure.
+
+    python profiling/bench_floor.py [--workers 1 2] [--rounds 2] [--steps 20] [--skip 4]
+    python profiling/bench_floor.py --preset bench-100m rollout.response_length=64 \
+        rollout.max_model_len=128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_step import compose_run, prepare
+
+from hybrid.data import PromptDataset, PromptLoader
+from hybrid.dtypes import Hardware, torch_dtype
+from hybrid.models import load_tokenizer
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.workers.sequences import unpad_prompts
+
+# The issue's demo-sized step: 8 prompts x 4 samples x up to 16 new tokens, lr 1e-4.
+DEMO_SIZE = (
+    "data.train_batch_size=8",
+    "rollout.n=4",
+    "rollout.response_length=16",
+    "algorithm.ppo_mini_batch_size=8",
+    "actor.lr=1e-4",
+)
+Row = tuple[list[int], list[int]]
+"""(prompt token ids, response token ids) of one sample."""
+
+
+class BareGenerate:
+    """vllm.LLM in this process with the run's engine settings: generation and nothing else."""
+
+    def __init__(self, config: TrainerRunConfig, dtype: str) -> None:
+        # In this process, as the worker's engine runs: no engine-core subprocess.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        r = config.rollout
+        self.config = r
+        self.llm = LLM(
+            model=config.model.path,
+            dtype=dtype,
+            enforce_eager=r.enforce_eager,
+            max_model_len=r.max_model_len,
+            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+            seed=r.seed,
+            enable_prefix_caching=True,
+        )
+
+    def __call__(self, prompts: list[list[int]], seeds: list[int]) -> list[Row]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        r = self.config
+        params = [
+            SamplingParams(
+                n=r.n,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                max_tokens=r.response_length,
+                logprobs=0,
+                seed=seed,
+                ignore_eos=r.ignore_eos,
+            )
+            for seed in seeds
+        ]
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        return [
+            (list(out.prompt_token_ids or []), list(sample.token_ids))
+            for out in outputs
+            for sample in out.outputs
+        ]
+
+
+class BareUpdate:
+    """One on-policy GRPO update of a plain Hugging Face model: the arithmetic without FSDP,
+    Ray, the ledger or the mode switch."""
+
+    def __init__(self, config: TrainerRunConfig, dtype: torch.dtype) -> None:
+        from transformers import AutoModelForCausalLM
+
+        a = config.actor
+        self.model = AutoModelForCausalLM.from_pretrained(
+            config.model.path, dtype=dtype, attn_implementation=config.model.attn_implementation
+        )
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=a.lr, betas=a.betas, eps=a.eps, weight_decay=a.weight_decay
+        )
+        self.micro_batch_size = a.micro_batch_size
+        self.max_grad_norm = a.max_grad_norm
+        self.group = config.rollout.n
+        self.generator = torch.Generator().manual_seed(0)
+        self.entropy = 0.0
+
+    def __call__(self, rows: list[Row]) -> None:
+        rewards = torch.rand(len(rows), generator=self.generator).round()
+        grouped = rewards.view(-1, self.group)
+        spread = grouped.std(1, keepdim=True) + 1e-6
+        advantages = ((grouped - grouped.mean(1, keepdim=True)) / spread).flatten()
+        total_tokens = max(sum(len(response) for _, response in rows), 1)
+        for start in range(0, len(rows), self.micro_batch_size):
+            micro = rows[start : start + self.micro_batch_size]
+            loss = self._micro_loss(micro, advantages[start : start + len(micro)], total_tokens)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _micro_loss(
+        self, micro: list[Row], advantages: torch.Tensor, total_tokens: int
+    ) -> torch.Tensor:
+        """Packed: one row of every sample's tokens, positions restarting per sample."""
+        ids, positions, scored, labels, token_advantages = [], [], [], [], []
+        offset = 0
+        for (prompt, response), advantage in zip(micro, advantages.tolist(), strict=True):
+            sequence = prompt + response
+            ids += sequence
+            positions += range(len(sequence))
+            scored += range(offset + len(prompt) - 1, offset + len(sequence) - 1)
+            labels += response
+            token_advantages += [advantage] * len(response)
+            offset += len(sequence)
+        logits = (
+            self.model(
+                input_ids=torch.tensor([ids]),
+                position_ids=torch.tensor([positions]),
+                use_cache=False,
+            )
+            .logits[0, scored]
+            .float()
+        )
+        log_softmax = logits.log_softmax(-1)
+        log_probs = log_softmax.gather(-1, torch.tensor(labels)[:, None]).squeeze(-1)
+        with torch.no_grad():  # reported, as the trainer's update reports it
+            self.entropy = float((-(log_softmax.exp() * log_softmax).sum(-1)).mean())
+        ratio = torch.exp(log_probs - log_probs.detach())
+        return -(ratio * torch.tensor(token_advantages)).sum() / total_tokens
+
+
+def floor_rows(loader: PromptLoader, generate: BareGenerate, step: int) -> tuple[list[Row], float]:
+    prompts = loader.next_batch()
+    ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+    started = time.perf_counter()
+    rows = generate(ids, [10_007 * step + i for i in range(len(ids))])
+    return rows, time.perf_counter() - started
+
+
+def run_round(
+    config: TrainerRunConfig,
+    generate: BareGenerate,
+    update: BareUpdate,
+    loader: PromptLoader,
+    steps: int,
+) -> list[dict[str, float]]:
+    """`steps` trainer steps, each followed by one floor step; per step both timings."""
+    trainer = GRPOTrainer(config)
+    trainer.start_workers()
+    measured = []
+    try:
+        for step in range(1, steps + 1):
+            trainer.step = step
+            ours = trainer.train_step()
+            rows, floor_gen_s = floor_rows(loader, generate, step)
+            started = time.perf_counter()
+            update(rows)
+            floor_update_s = time.perf_counter() - started
+            measured.append(
+                {
+                    "step_s": ours["timing_s/step"],
+                    "rollout_call_s": ours["timing_s/rollout_call"],
+                    "gen_s": ours["timing_s/gen"],
+                    "sync_s": ours["timing_s/sync"],
+                    "mode_switch_s": ours["timing_s/mode_switch"],
+                    "update_actor_s": ours["timing_s/update_actor"],
+                    "response_length": ours["response_length/mean"],
+                    "floor_gen_s": floor_gen_s,
+                    "floor_update_s": floor_update_s,
+                    "floor_response_length": statistics.mean(len(r) for _, r in rows),
+                }
+            )
+    finally:
+        trainer.stop_workers()
+    return measured
+
+
+def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
+    med = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    floors = med["floor_gen_s"] + med["floor_update_s"]
+    return {
+        **{key: round(value, 4) for key, value in med.items()},
+        "update_over_floor": round(med["update_actor_s"] / med["floor_update_s"], 3),
+        "rollout_call_over_floor": round(med["rollout_call_s"] / med["floor_gen_s"], 3),
+        "step_over_floors": round(med["step_s"] / floors, 3),
+        "steps_measured": len(rows),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--skip", type=int, default=4, help="warm-up steps left out per round")
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        prepare(root, args.preset)
+        overrides = [*DEMO_SIZE, *args.overrides]
+        base = compose_run(root, "floor", args.steps, overrides)
+        hardware = Hardware.detect(torch.device("cpu"))
+        dtypes = base.worker_config().compute_dtypes(hardware)
+        generate = BareGenerate(base, dtypes.rollout)
+        update = BareUpdate(base, torch_dtype(dtypes.actor))
+        dataset = PromptDataset(
+            base.data.train_files, load_tokenizer(base.model.path), base.data.max_prompt_length
+        )
+        loader = PromptLoader(dataset, base.data.train_batch_size, seed=1)
+        measured: dict[int, list[dict[str, float]]] = {w: [] for w in args.workers}
+        for round_index in range(args.rounds):
+            for workers in args.workers:
+                name = f"w{workers}-r{round_index}"
+                config = compose_run(
+                    root, name, args.steps, [*overrides, f"trainer.num_workers={workers}"]
+                )
+                rows = run_round(config, generate, update, loader, args.steps)[args.skip :]
+                measured[workers] += rows
+                print(f"{name}: {json.dumps(summarise(rows))}", flush=True)
+        result: dict[str, Any] = {
+            "preset": args.preset,
+            "cpu": hardware.description,
+            "dtypes": {"actor": dtypes.actor, "rollout": dtypes.rollout},
+            "floor_threads": torch.get_num_threads(),
+            **{f"workers_{w}": summarise(rows) for w, rows in measured.items()},
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
