@@ -12,7 +12,7 @@ In one process, step by step and interleaved (A B A B), this runs
               advantages, backward, gradient clipping, one AdamW step.
 Both floors start from the same checkpoint as the actor and see the same prompt set; they
 keep their own (untrained) engine, so the mean response lengths are printed beside each
-other. Figures are medians over steps `--skip`+1 .. `--steps` of every round; rounds
+other. The floors run on one thread, as each worker does (Ray gives a worker one CPU). Figures are medians over steps `--skip`+1 .. `--steps` of every round; rounds
 alternate the worker counts (1, 2, 1, 2, ...).
 
 Per worker count it prints each phase's ratio to its floor:
@@ -246,6 +246,9 @@ def main() -> None:
         prepare(root, args.preset)
         overrides = [*DEMO_SIZE, *args.overrides]
         base = compose_run(root, "floor", args.steps, overrides)
+        # One thread, as each worker has (Ray gives it one CPU), so that the floors run on the
+        # cores a worker runs on.
+        torch.set_num_threads(1)
         hardware = Hardware.detect(torch.device("cpu"))
         dtypes = base.worker_config().compute_dtypes(hardware)
         generate = BareGenerate(base, dtypes.rollout)

@@ -86,8 +86,9 @@ class PolicyTrainer:
         c = self.config
         device = mini.tensors["response_mask"].device
         local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
-        global_tokens = global_sum(float(mini.tensors["response_mask"].sum()), device)
-        global_seqs = global_sum(float(len(mini)), device)
+        global_tokens, global_seqs = global_sums(
+            [float(mini.tensors["response_mask"].sum()), float(len(mini))], device
+        )
         scale = dist.get_world_size() if dist.is_initialized() else 1
         # Without old log-probs the update is on-policy (one epoch, one mini-batch): they are
         # this pass's own, detached; the ratio is exactly 1 and the extra pass is skipped.
@@ -197,13 +198,14 @@ def mean_over_mini_batches(
     return {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
 
 
-def global_sum(value: float, device: torch.device) -> float:
-    """Sum over data-parallel ranks (every rank of the actor's FSDP group)."""
+def global_sums(values: list[float], device: torch.device) -> list[float]:
+    """Each value summed over data-parallel ranks (every rank of the actor's FSDP group), in
+    one collective."""
     if not dist.is_initialized():
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
-    return float(tensor.item())
+    return [float(v) for v in tensor.tolist()]
 
 
 class FirstPassStats:
@@ -227,18 +229,22 @@ class FirstPassStats:
         self.tokens += float(mask.sum())
 
     def metrics(self, device: torch.device) -> dict[str, float]:
-        sums = torch.tensor(
-            [self.diff_sum, self.compared, self.entropy_sum, self.tokens],
+        local = torch.tensor(
+            [self.diff_sum, self.compared, self.entropy_sum, self.tokens, self.diff_max],
             dtype=torch.float64,
             device=device,
         )
-        peak = torch.tensor([self.diff_max], dtype=torch.float64, device=device)
+        # One collective for the sums and the maximum: every rank's five numbers.
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        every = local.new_empty(world * local.numel())
         if dist.is_initialized():
-            dist.all_reduce(sums)
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        diff_sum, compared, entropy_sum, tokens = sums.tolist()
+            dist.all_gather_into_tensor(every, local)
+        else:
+            every.copy_(local)
+        every = every.view(world, local.numel())
+        diff_sum, compared, entropy_sum, tokens, _ = every.sum(0).tolist()
         return {
             "rollout/logprob_diff_mean": diff_sum / max(compared, 1.0),
-            "rollout/logprob_diff_max": float(peak.item()),
+            "rollout/logprob_diff_max": float(every[:, 4].max()),
             "actor/entropy_old": entropy_sum / max(tokens, 1.0),
         }

@@ -19,7 +19,7 @@ from hybrid.workers.config import CriticConfig
 from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
 from hybrid.workers.packing import packed_inputs, padded_inputs
-from hybrid.workers.policy import global_sum, mean_over_mini_batches
+from hybrid.workers.policy import global_sums, mean_over_mini_batches
 
 UPDATE_KEYS = (
     "input_ids",
@@ -89,8 +89,9 @@ class ValueTrainer:
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
         device = mini.tensors["response_mask"].device
-        global_tokens = global_sum(float(mini.tensors["response_mask"].sum()), device)
-        global_seqs = global_sum(float(len(mini)), device)
+        global_tokens, global_seqs = global_sums(
+            [float(mini.tensors["response_mask"].sum()), float(len(mini))], device
+        )
         local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
         scale = dist.get_world_size() if dist.is_initialized() else 1
         vf_loss = clipfrac = predicted = 0.0
