@@ -110,14 +110,19 @@ class BareGenerate:
 
 class BareUpdate:
     """One on-policy GRPO update of a plain Hugging Face model: the arithmetic without FSDP,
-    Ray, the ledger or the mode switch."""
+    Ray, the ledger or the mode switch. Weights and optimizer in float32 and the forward under
+    autocast to the actor's compute dtype: the same precision recipe as the actor's (bf16
+    compute, fp32 master weights), as a plain trainer runs it."""
 
     def __init__(self, config: TrainerRunConfig, dtype: torch.dtype) -> None:
         from transformers import AutoModelForCausalLM
 
         a = config.actor
+        self.dtype = dtype
         self.model = AutoModelForCausalLM.from_pretrained(
-            config.model.path, dtype=dtype, attn_implementation=config.model.attn_implementation
+            config.model.path,
+            dtype=torch.float32,
+            attn_implementation=config.model.attn_implementation,
         )
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -157,15 +162,13 @@ class BareUpdate:
             labels += response
             token_advantages += [advantage] * len(response)
             offset += len(sequence)
-        logits = (
-            self.model(
+        with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
+            output = self.model(
                 input_ids=torch.tensor([ids]),
                 position_ids=torch.tensor([positions]),
                 use_cache=False,
             )
-            .logits[0, scored]
-            .float()
-        )
+        logits = output.logits[0, scored].float()
         log_softmax = logits.log_softmax(-1)
         log_probs = log_softmax.gather(-1, torch.tensor(labels)[:, None]).squeeze(-1)
         with torch.no_grad():  # reported, as the trainer's update reports it

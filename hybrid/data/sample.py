@@ -100,15 +100,11 @@ def samples_to_batch(
     if not samples:
         raise ValueError("samples_to_batch: no samples")
     width = max(len(s.prompt_ids) for s in samples) if prompt_width is None else prompt_width
-    rows = len(samples)
-    prompts = torch.full((rows, width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((rows, width), dtype=torch.long)
-    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros((rows, response_length), dtype=torch.long)
-    log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
-    versions = torch.full((rows, response_length), NO_VERSION, dtype=torch.long)
     keys = sorted(samples[0].metadata)
-    for i, sample in enumerate(samples):
+    # Padded rows as Python lists, one tensor per column: a few small tensor ops per sample
+    # would cost more than the rest of the conversion.
+    prompt_rows, response_rows, log_prob_rows, version_rows = [], [], [], []
+    for sample in samples:
         sample.check()
         p, n = len(sample.prompt_ids), sample.response_length
         if p > width:
@@ -125,13 +121,19 @@ def samples_to_batch(
                 f"sample {sample.uid}#{sample.index}: metadata keys {sorted(sample.metadata)} "
                 f"differ from the first sample's {keys}"
             )
-        prompts[i, width - p :] = torch.tensor(sample.prompt_ids, dtype=torch.long)
-        prompt_mask[i, width - p :] = 1
-        if n:
-            responses[i, :n] = torch.tensor(sample.response_ids, dtype=torch.long)
-            response_mask[i, :n] = 1
-            log_probs[i, :n] = torch.tensor(sample.rollout_log_probs, dtype=torch.float32)
-            versions[i, :n] = torch.tensor(sample.versions, dtype=torch.long)
+        pad = response_length - n
+        prompt_rows.append([pad_token_id] * (width - p) + list(sample.prompt_ids))
+        response_rows.append(list(sample.response_ids) + [pad_token_id] * pad)
+        log_prob_rows.append(list(sample.rollout_log_probs) + [0.0] * pad)
+        version_rows.append(list(sample.versions) + [NO_VERSION] * pad)
+    prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples])
+    response_lengths = torch.tensor([s.response_length for s in samples])
+    prompts = torch.tensor(prompt_rows, dtype=torch.long).view(len(samples), width)
+    prompt_mask = (torch.arange(width) >= width - prompt_lengths[:, None]).long()
+    responses = torch.tensor(response_rows, dtype=torch.long).view(len(samples), response_length)
+    response_mask = (torch.arange(response_length) < response_lengths[:, None]).long()
+    log_probs = torch.tensor(log_prob_rows, dtype=torch.float32).view(len(samples), response_length)
+    versions = torch.tensor(version_rows, dtype=torch.long).view(len(samples), response_length)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     tensors = {
         "prompts": prompts,

@@ -25,6 +25,7 @@ import torch
 
 from hybrid.dtypes import torch_dtype
 from hybrid.memory.ledger import MemoryLedger, TimedIterator
+from hybrid.rollout.base import ResumeTag
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
@@ -121,18 +122,18 @@ class ModeSwitch:
         self.ledger.record("rollout/enter")
         try:
             with self.ledger.timed("sync"):
-                self.offloader.onload_params()
-                self.ledger.record("sync/onload_actor")
-                self.engine.resume(["weights"])
-                self.ledger.record("sync/wake_weights")
+                moved = self.offloader.onload_params()
+                self.ledger.record("sync/onload_actor", reuse_components=not moved)
+                woke = self._resume(["weights"])
+                self.ledger.record("sync/wake_weights", reuse_components=not woke)
                 transfer = self.sync_weights()
-                self.offloader.offload_params()
-                self.ledger.record("sync/offload_actor")
-            self.engine.resume(["kv_cache"])
+                moved = self.offloader.offload_params()
+                self.ledger.record("sync/offload_actor", reuse_components=not moved)
+            woke = self._resume(["kv_cache"])
             self._trainer_rng = RngState.capture()
             RngState.restore(self._rollout_rng.state)
             self.mode = Mode.ROLLOUT
-            self.ledger.record("rollout/wake_kv")
+            self.ledger.record("rollout/wake_kv", reuse_components=not woke)
             # The switch's own cost: everything on the way in but the weight transfer.
             self.ledger.add_time("mode_switch", time.perf_counter() - entered - transfer.total_s)
             yield self
@@ -142,8 +143,9 @@ class ModeSwitch:
     def trainer_mode(self) -> None:
         """Release the engine's KV cache and restore training state (idempotent)."""
         started = time.perf_counter()
+        resident = set(self.engine.resident)
         self.engine.release()
-        self.ledger.record("trainer/release_kv")
+        self.ledger.record("trainer/release_kv", reuse_components=self.engine.resident == resident)
         self.engine.llm.reset_prefix_cache()
         if self._trainer_rng is not None:
             self._rollout_rng.state = RngState.capture()
@@ -151,7 +153,8 @@ class ModeSwitch:
             self._trainer_rng = None
         self.offloader.empty_cache()
         self.mode = Mode.TRAINER
-        self.ledger.record("trainer/ready")
+        # Caches emptied, RNG swapped: nothing a component source counts has changed.
+        self.ledger.record("trainer/ready", reuse_components=True)
         self.ledger.add_time("mode_switch", time.perf_counter() - started)
 
     @contextmanager
@@ -163,6 +166,13 @@ class ModeSwitch:
         self.require(Mode.TRAINER, caller or name)
         with self.offloader.phase(name, self.ledger, with_optimizer):
             yield
+
+    def _resume(self, tags: list[ResumeTag]) -> bool:
+        """Wake the engine's `tags`; whether anything came back (nothing on CPU, where the
+        next ledger boundary can then reuse the previous breakdown)."""
+        resident = set(self.engine.resident)
+        self.engine.resume(tags)
+        return self.engine.resident != resident
 
     def configure(self, sync: SyncConfig) -> None:
         self.require(Mode.TRAINER, "changing the sync configuration")

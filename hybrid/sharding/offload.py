@@ -22,24 +22,28 @@ from hybrid.memory.ledger import MemoryLedger
 _CPU = torch.device("cpu")
 
 
-def offload_params(model: nn.Module, to: torch.device = _CPU) -> None:
-    """Move the (sharded) parameters, gradients and buffers of `model` to `to`."""
-    _move_model(model, to)
+def offload_params(model: nn.Module, to: torch.device = _CPU) -> bool:
+    """Move the (sharded) parameters, gradients and buffers of `model` to `to`; whether
+    anything moved."""
+    return _move_model(model, to)
 
 
-def onload_params(model: nn.Module, device: torch.device) -> None:
-    """Move the (sharded) parameters, gradients and buffers of `model` back to `device`."""
-    _move_model(model, device)
+def onload_params(model: nn.Module, device: torch.device) -> bool:
+    """Move the (sharded) parameters, gradients and buffers of `model` back to `device`;
+    whether anything moved."""
+    return _move_model(model, device)
 
 
-def offload_optimizer(optimizer: torch.optim.Optimizer, to: torch.device = _CPU) -> None:
-    """Move the optimizer's per-parameter state tensors (AdamW moments) to `to`."""
-    _move_optimizer_state(optimizer, to)
+def offload_optimizer(optimizer: torch.optim.Optimizer, to: torch.device = _CPU) -> bool:
+    """Move the optimizer's per-parameter state tensors (AdamW moments) to `to`; whether
+    anything moved."""
+    return _move_optimizer_state(optimizer, to)
 
 
-def onload_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move the optimizer's per-parameter state tensors back to `device`."""
-    _move_optimizer_state(optimizer, device)
+def onload_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
+    """Move the optimizer's per-parameter state tensors back to `device`; whether anything
+    moved."""
+    return _move_optimizer_state(optimizer, device)
 
 
 def _normalize(device: torch.device | str) -> torch.device:
@@ -49,18 +53,19 @@ def _normalize(device: torch.device | str) -> torch.device:
     return device
 
 
-def _move_model(model: nn.Module, device: torch.device) -> None:
+def _move_model(model: nn.Module, device: torch.device) -> bool:
     device = _normalize(device)
     tensors = [*model.parameters(), *model.buffers()]
     if all(t.device == device for t in tensors):
-        return
+        return False
     # FSDP2 overrides `_apply`: it reshards first and re-registers the moved shards as the
     # sharded DTensor parameters, so plain `Module.to` is the supported way to move them.
     model.to(device, non_blocking=True)
     _synchronize(device, *(t.device for t in tensors))
+    return True
 
 
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
     device = _normalize(device)
     moved_from: set[torch.device] = set()
     for state in optimizer.state.values():
@@ -74,6 +79,7 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
                 state[key] = value.to(device, non_blocking=True)
     if moved_from:
         _synchronize(device, *moved_from)
+    return bool(moved_from)
 
 
 def _synchronize(*devices: torch.device) -> None:
@@ -99,23 +105,26 @@ class Offloader:
         self.device = device
         self.param_offload = param_offload
 
-    def onload_params(self) -> None:
-        if self.param_offload:
-            onload_params(self.model, self.device)
+    # Each returns whether anything moved: a ledger boundary after a move that did nothing
+    # can reuse the previous boundary's breakdown instead of walking every tensor again.
 
-    def offload_params(self) -> None:
-        if self.param_offload:
-            offload_params(self.model)
-            self.empty_cache()
+    def onload_params(self) -> bool:
+        return self.param_offload and onload_params(self.model, self.device)
 
-    def onload_optimizer(self) -> None:
-        if self.optimizer is not None:
-            onload_optimizer(self.optimizer, self.device)
+    def offload_params(self) -> bool:
+        if not (self.param_offload and offload_params(self.model)):
+            return False
+        self.empty_cache()
+        return True
 
-    def offload_optimizer(self) -> None:
-        if self.optimizer is not None:
-            offload_optimizer(self.optimizer)
-            self.empty_cache()
+    def onload_optimizer(self) -> bool:
+        return self.optimizer is not None and onload_optimizer(self.optimizer, self.device)
+
+    def offload_optimizer(self) -> bool:
+        if not (self.optimizer is not None and offload_optimizer(self.optimizer)):
+            return False
+        self.empty_cache()
+        return True
 
     @contextmanager
     def phase(
@@ -124,17 +133,16 @@ class Offloader:
         """Training-side work (log-probs, updates, a weight publish) with the actor on device;
         `name` labels the ledger's boundaries and timing."""
         with ledger.timed(name):
-            self.onload_params()
+            moved = self.onload_params()
             if with_optimizer:
-                self.onload_optimizer()
-            ledger.record(f"{name}/onload")
+                moved = self.onload_optimizer() or moved
+            ledger.record(f"{name}/onload", reuse_components=not moved)
             try:
                 yield
             finally:
-                if with_optimizer:
-                    self.offload_optimizer()
-                self.offload_params()
-                ledger.record(f"{name}/offload")
+                moved = self.offload_optimizer() if with_optimizer else False
+                moved = self.offload_params() or moved
+                ledger.record(f"{name}/offload", reuse_components=not moved)
 
     def empty_cache(self) -> None:
         if self.device.type == "cuda":

@@ -134,7 +134,8 @@ class PolicyTrainer:
                 kl = aggregate(kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type))
                 totals["actor/kl_loss"] += float(kl.detach()) * scale
             loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
-            self._boundary("update/forward", index)
+            # The forward changes nothing a component source counts (grads come in backward).
+            self._boundary("update/forward", index, reuse_components=True)
             (loss * scale).backward()
             self._boundary("update/backward", index)
             # Scaled like the gradient: the mean over ranks is the loss of the global batch.
@@ -180,9 +181,11 @@ class PolicyTrainer:
         kept = float((keep & micro.tensors["response_mask"].bool()).sum())
         return per_token * torch.where(keep, weights, 0.0), kept
 
-    def _boundary(self, phase: str, chunk: int | None = None) -> None:
+    def _boundary(
+        self, phase: str, chunk: int | None = None, reuse_components: bool = False
+    ) -> None:
         if self.ledger is not None:
-            self.ledger.record(phase, chunk=chunk)
+            self.ledger.record(phase, chunk=chunk, reuse_components=reuse_components)
 
 
 def mean_over_mini_batches(

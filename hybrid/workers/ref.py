@@ -57,14 +57,15 @@ class ReferenceWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         with self.ledger.timed("ref"):
-            self.offloader.onload_params()
-            self.ledger.record("ref/onload")
+            moved = self.offloader.onload_params()
+            self.ledger.record("ref/onload", reuse_components=not moved)
             try:
                 scored = score_responses(
                     self.model, batch.to(self.device), self.pass_config, with_entropy=False
                 )
-                self.ledger.record("ref/forward")
+                # A no-grad forward leaves nothing that a component source counts.
+                self.ledger.record("ref/forward", reuse_components=True)
             finally:
-                self.offloader.offload_params()
-                self.ledger.record("ref/offload")
+                moved = self.offloader.offload_params()
+                self.ledger.record("ref/offload", reuse_components=not moved)
         return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
