@@ -1,19 +1,22 @@
 """A GRPO step next to its floors: how much of it is machinery rather than arithmetic.
 
-In one process, step by step and interleaved (A B A B), this runs
+Step by step and interleaved (A B A B), this runs
   our step:   the colocated trainer (Ray, FSDP2, in-process vLLM, the mode switch) on the
               default config at the demo's size (8 prompts x 4 samples x up to 16 new tokens,
               lr 1e-4, one on-policy update), with 1 and with 2 workers;
-  its floors: a bare `vllm.LLM.generate` in this process (no Ray, no torch.distributed
+  its floors: in one plain process, a bare `vllm.LLM.generate` (no Ray, no torch.distributed
               world, the run's engine settings and sampling parameters, one seed per prompt)
-              and a bare torch update of the rows it generated: the Hugging Face model in the
-              actor's resolved compute dtype, no FSDP, packed micro-batches of the actor's
-              size, log-probs and entropy from the logits, the on-policy PPO loss with group
-              advantages, backward, gradient clipping, one AdamW step.
+              and a bare torch update of the rows it generated: the Hugging Face model with
+              fp32 weights under autocast to the actor's compute dtype (the actor's recipe),
+              no FSDP, packed micro-batches of the actor's size, log-probs and entropy from the
+              logits, the on-policy PPO loss with group advantages, backward, gradient
+              clipping, one AdamW step.
 Both floors start from the same checkpoint as the actor and see the same prompt set; they
-keep their own (untrained) engine, so the mean response lengths are printed beside each
-other. The floors run on one thread, as each worker does (Ray gives a worker one CPU). Figures are medians over steps `--skip`+1 .. `--steps` of every round; rounds
-alternate the worker counts (1, 2, 1, 2, ...).
+keep their own (untrained) engine, so the mean response lengths are printed beside each other
+(`rollout.ignore_eos=true` makes them equal). The floors' process is spawned, not this driver
+(whose vLLM would change the environment the Ray workers inherit), with as many OpenMP threads
+as the compared step has workers: a Ray worker of one CPU runs one thread. Figures are medians
+over steps `--skip`+1 .. `--steps` of every round; rounds alternate the worker counts.
 
 Per worker count it prints each phase's ratio to its floor:
   update_actor / floor update, rollout_call (sync + mode switch + generate + Ray, as the
@@ -21,19 +24,21 @@ Per worker count it prints each phase's ratio to its floor:
 and the last line is a JSON object with every figure.
 
     python profiling/bench_floor.py [--workers 1 2] [--rounds 2] [--steps 20] [--skip 4]
-    python profiling/bench_floor.py --preset bench-100m rollout.response_length=64 \
-        rollout.max_model_len=128
+    python profiling/bench_floor.py --preset bench-100m --rounds 1 --steps 6 --skip 2 \
+        rollout.response_length=64 rollout.max_model_len=128 rollout.ignore_eos=true
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -177,21 +182,81 @@ class BareUpdate:
         return -(ratio * torch.tensor(token_advantages)).sum() / total_tokens
 
 
-def floor_rows(loader: PromptLoader, generate: BareGenerate, step: int) -> tuple[list[Row], float]:
-    prompts = loader.next_batch()
-    ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
-    started = time.perf_counter()
-    rows = generate(ids, [10_007 * step + i for i in range(len(ids))])
-    return rows, time.perf_counter() - started
+class Floors:
+    """Both floors in a process of their own (spawned: nothing but vLLM and the model in it),
+    with `threads` OpenMP threads, driven step by step over a pipe."""
+
+    def __init__(
+        self, config: TrainerRunConfig, rollout_dtype: str, actor_dtype: str, threads: int
+    ) -> None:
+        context = mp.get_context("spawn")
+        self.pipe, child = context.Pipe()
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the child's torch at import
+        try:
+            self.process = context.Process(
+                target=_floor_process, args=(child, config, rollout_dtype, actor_dtype)
+            )
+            self.process.start()
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS")
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        self.threads = self._receive()
+
+    def step(self, step: int) -> dict[str, float]:
+        self.pipe.send(step)
+        return self._receive()
+
+    def close(self) -> None:
+        self.pipe.send(None)
+        self.process.join(timeout=60)
+
+    def _receive(self) -> Any:
+        if not self.pipe.poll(FLOOR_TIMEOUT_S):
+            raise TimeoutError(f"the floor process sent nothing within {FLOOR_TIMEOUT_S} s")
+        answer = self.pipe.recv()
+        if isinstance(answer, BaseException):
+            raise RuntimeError("the floor process failed") from answer
+        return answer
 
 
-def run_round(
-    config: TrainerRunConfig,
-    generate: BareGenerate,
-    update: BareUpdate,
-    loader: PromptLoader,
-    steps: int,
-) -> list[dict[str, float]]:
+FLOOR_TIMEOUT_S = 600
+
+
+def _floor_process(
+    pipe: Connection, config: TrainerRunConfig, rollout_dtype: str, actor_dtype: str
+) -> None:
+    try:
+        generate = BareGenerate(config, rollout_dtype)
+        update = BareUpdate(config, torch_dtype(actor_dtype))  # type: ignore[arg-type]
+        dataset = PromptDataset(
+            config.data.train_files,
+            load_tokenizer(config.model.path),
+            config.data.max_prompt_length,
+        )
+        loader = PromptLoader(dataset, config.data.train_batch_size, seed=1)
+        pipe.send(torch.get_num_threads())
+        while (step := pipe.recv()) is not None:
+            prompts = loader.next_batch()
+            ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+            started = time.perf_counter()
+            rows = generate(ids, [10_007 * step + i for i in range(len(ids))])
+            generated = time.perf_counter()
+            update(rows)
+            pipe.send(
+                {
+                    "floor_gen_s": generated - started,
+                    "floor_update_s": time.perf_counter() - generated,
+                    "floor_response_length": statistics.mean(len(r) for _, r in rows),
+                }
+            )
+    except BaseException as error:  # the parent raises it, naming the floor process
+        pipe.send(error)
+
+
+def run_round(config: TrainerRunConfig, floors: Floors, steps: int) -> list[dict[str, float]]:
     """`steps` trainer steps, each followed by one floor step; per step both timings."""
     trainer = GRPOTrainer(config)
     trainer.start_workers()
@@ -200,10 +265,6 @@ def run_round(
         for step in range(1, steps + 1):
             trainer.step = step
             ours = trainer.train_step()
-            rows, floor_gen_s = floor_rows(loader, generate, step)
-            started = time.perf_counter()
-            update(rows)
-            floor_update_s = time.perf_counter() - started
             measured.append(
                 {
                     "step_s": ours["timing_s/step"],
@@ -213,9 +274,7 @@ def run_round(
                     "mode_switch_s": ours["timing_s/mode_switch"],
                     "update_actor_s": ours["timing_s/update_actor"],
                     "response_length": ours["response_length/mean"],
-                    "floor_gen_s": floor_gen_s,
-                    "floor_update_s": floor_update_s,
-                    "floor_response_length": statistics.mean(len(r) for _, r in rows),
+                    **floors.step(step),
                 }
             )
     finally:
@@ -249,32 +308,30 @@ def main() -> None:
         prepare(root, args.preset)
         overrides = [*DEMO_SIZE, *args.overrides]
         base = compose_run(root, "floor", args.steps, overrides)
-        # One thread, as each worker has (Ray gives it one CPU), so that the floors run on the
-        # cores a worker runs on.
-        torch.set_num_threads(1)
         hardware = Hardware.detect(torch.device("cpu"))
         dtypes = base.worker_config().compute_dtypes(hardware)
-        generate = BareGenerate(base, dtypes.rollout)
-        update = BareUpdate(base, torch_dtype(dtypes.actor))
-        dataset = PromptDataset(
-            base.data.train_files, load_tokenizer(base.model.path), base.data.max_prompt_length
-        )
-        loader = PromptLoader(dataset, base.data.train_batch_size, seed=1)
+        # The floors of W workers get the W cores those workers run on (a Ray worker of one
+        # CPU runs one OpenMP thread).
+        floors = {w: Floors(base, dtypes.rollout, dtypes.actor, threads=w) for w in args.workers}
         measured: dict[int, list[dict[str, float]]] = {w: [] for w in args.workers}
-        for round_index in range(args.rounds):
-            for workers in args.workers:
-                name = f"w{workers}-r{round_index}"
-                config = compose_run(
-                    root, name, args.steps, [*overrides, f"trainer.num_workers={workers}"]
-                )
-                rows = run_round(config, generate, update, loader, args.steps)[args.skip :]
-                measured[workers] += rows
-                print(f"{name}: {json.dumps(summarise(rows))}", flush=True)
+        try:
+            for round_index in range(args.rounds):
+                for workers in args.workers:
+                    name = f"w{workers}-r{round_index}"
+                    config = compose_run(
+                        root, name, args.steps, [*overrides, f"trainer.num_workers={workers}"]
+                    )
+                    rows = run_round(config, floors[workers], args.steps)[args.skip :]
+                    measured[workers] += rows
+                    print(f"{name}: {json.dumps(summarise(rows))}", flush=True)
+        finally:
+            for floor in floors.values():
+                floor.close()
         result: dict[str, Any] = {
             "preset": args.preset,
             "cpu": hardware.description,
             "dtypes": {"actor": dtypes.actor, "rollout": dtypes.rollout},
-            "floor_threads": torch.get_num_threads(),
+            "floor_threads": {w: floor.threads for w, floor in floors.items()},
             **{f"workers_{w}": summarise(rows) for w, rows in measured.items()},
         }
     print(json.dumps(result))
