@@ -50,7 +50,8 @@ def test_a_phase_that_moved_nothing_reuses_the_previous_breakdown() -> None:
     assert calls["walks"] == 1  # onload and offload moved nothing: no new walk
     onload, offload = ledger.records[-2:]
     assert [onload.phase, offload.phase] == ["update/onload", "update/offload"]
-    assert onload.components_gib == ledger.records[0].components_gib == offload.components_gib
-    assert onload.components_gib["actor_params"] > 0
+    # The sources' part is copied (`runtime` may still grow: a phase's first-use growth).
+    params = [r.components_gib["actor_params"] for r in (ledger.records[0], onload, offload)]
+    assert params[0] > 0 and params == [params[0]] * 3
     ledger.record("after")  # a boundary without reuse asks the sources again
     assert calls["walks"] == 2
