@@ -104,6 +104,7 @@ def samples_to_batch(
     # Padded rows as Python lists, one tensor per column: a few small tensor ops per sample
     # would cost more than the rest of the conversion.
     prompt_rows, response_rows, log_prob_rows, version_rows = [], [], [], []
+    prompt_lengths, response_lengths = [], []
     for sample in samples:
         sample.check()
         p, n = len(sample.prompt_ids), sample.response_length
@@ -121,17 +122,17 @@ def samples_to_batch(
                 f"sample {sample.uid}#{sample.index}: metadata keys {sorted(sample.metadata)} "
                 f"differ from the first sample's {keys}"
             )
+        prompt_lengths.append(p)
+        response_lengths.append(n)
         pad = response_length - n
         prompt_rows.append([pad_token_id] * (width - p) + list(sample.prompt_ids))
         response_rows.append(list(sample.response_ids) + [pad_token_id] * pad)
         log_prob_rows.append(list(sample.rollout_log_probs) + [0.0] * pad)
         version_rows.append(list(sample.versions) + [NO_VERSION] * pad)
-    prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples])
-    response_lengths = torch.tensor([s.response_length for s in samples])
     prompts = torch.tensor(prompt_rows, dtype=torch.long).view(len(samples), width)
-    prompt_mask = (torch.arange(width) >= width - prompt_lengths[:, None]).long()
+    prompt_mask = (torch.arange(width) >= width - torch.tensor(prompt_lengths)[:, None]).long()
     responses = torch.tensor(response_rows, dtype=torch.long).view(len(samples), response_length)
-    response_mask = (torch.arange(response_length) < response_lengths[:, None]).long()
+    response_mask = (torch.arange(response_length) < torch.tensor(response_lengths)[:, None]).long()
     log_probs = torch.tensor(log_prob_rows, dtype=torch.float32).view(len(samples), response_length)
     versions = torch.tensor(version_rows, dtype=torch.long).view(len(samples), response_length)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)

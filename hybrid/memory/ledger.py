@@ -154,11 +154,8 @@ class MemoryLedger:
         """(on the device, offloaded to the host), in GiB, from every source."""
         on_device = dict(self._warmup)
         on_host: dict[str, float] = {}
-        # Without autograd a DTensor's to_local() is an attribute read, not a graph node.
-        with torch.no_grad():
-            sources = [source() for source in self._sources.values()]
-        for found in sources:
-            for component, by_device in found.items():
+        for source in self._sources.values():
+            for component, by_device in source().items():
                 for where, nbytes in by_device.items():
                     target = on_device if where == device else on_host
                     target[component] = target.get(component, 0.0) + nbytes / GIB

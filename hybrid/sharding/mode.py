@@ -16,7 +16,7 @@ under the names of hybrid.memory.records.STEP_PHASES.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -25,7 +25,6 @@ import torch
 
 from hybrid.dtypes import torch_dtype
 from hybrid.memory.ledger import MemoryLedger, TimedIterator
-from hybrid.rollout.base import ResumeTag
 from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
@@ -124,12 +123,12 @@ class ModeSwitch:
             with self.ledger.timed("sync"):
                 moved = self.offloader.onload_params()
                 self.ledger.record("sync/onload_actor", reuse_components=not moved)
-                woke = self._resume(["weights"])
+                woke = self._engine_moved(lambda: self.engine.resume(["weights"]))
                 self.ledger.record("sync/wake_weights", reuse_components=not woke)
                 transfer = self.sync_weights()
                 moved = self.offloader.offload_params()
                 self.ledger.record("sync/offload_actor", reuse_components=not moved)
-            woke = self._resume(["kv_cache"])
+            woke = self._engine_moved(lambda: self.engine.resume(["kv_cache"]))
             self._trainer_rng = RngState.capture()
             RngState.restore(self._rollout_rng.state)
             self.mode = Mode.ROLLOUT
@@ -143,9 +142,8 @@ class ModeSwitch:
     def trainer_mode(self) -> None:
         """Release the engine's KV cache and restore training state (idempotent)."""
         started = time.perf_counter()
-        resident = set(self.engine.resident)
-        self.engine.release()
-        self.ledger.record("trainer/release_kv", reuse_components=self.engine.resident == resident)
+        released = self._engine_moved(self.engine.release)
+        self.ledger.record("trainer/release_kv", reuse_components=not released)
         self.engine.llm.reset_prefix_cache()
         if self._trainer_rng is not None:
             self._rollout_rng.state = RngState.capture()
@@ -167,11 +165,11 @@ class ModeSwitch:
         with self.offloader.phase(name, self.ledger, with_optimizer):
             yield
 
-    def _resume(self, tags: list[ResumeTag]) -> bool:
-        """Wake the engine's `tags`; whether anything came back (nothing on CPU, where the
-        next ledger boundary can then reuse the previous breakdown)."""
+    def _engine_moved(self, act: Callable[[], None]) -> bool:
+        """Run an engine release / resume; whether what the engine holds changed (never on
+        CPU, where the next ledger boundary can then reuse the previous breakdown)."""
         resident = set(self.engine.resident)
-        self.engine.resume(tags)
+        act()
         return self.engine.resident != resident
 
     def configure(self, sync: SyncConfig) -> None:

@@ -85,10 +85,7 @@ class PolicyTrainer:
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
         device = mini.tensors["response_mask"].device
-        local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
-        global_tokens, global_seqs = global_sums(
-            [float(mini.tensors["response_mask"].sum()), float(len(mini))], device
-        )
+        local_tokens, global_tokens, global_seqs = normalisers(mini)
         scale = dist.get_world_size() if dist.is_initialized() else 1
         # Without old log-probs the update is on-policy (one epoch, one mini-batch): they are
         # this pass's own, detached; the ratio is exactly 1 and the extra pass is skipped.
@@ -135,9 +132,9 @@ class PolicyTrainer:
                 totals["actor/kl_loss"] += float(kl.detach()) * scale
             loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
             # The forward changes nothing a component source counts (grads come in backward).
-            self._boundary("update/forward", index, reuse_components=True)
+            boundary(self.ledger, "update/forward", index, reuse_components=True)
             (loss * scale).backward()
-            self._boundary("update/backward", index)
+            boundary(self.ledger, "update/backward", index)
             # Scaled like the gradient: the mean over ranks is the loss of the global batch.
             totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
             totals["actor/entropy"] += float(entropy.detach()) * scale
@@ -145,7 +142,7 @@ class PolicyTrainer:
             for key, value in pg_metrics.items():
                 fractions[key] = fractions.get(key, 0.0) + value * share
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
-        self._boundary("update/optimizer_step")
+        boundary(self.ledger, "update/optimizer_step")
         return {
             **totals,
             **fractions,
@@ -181,12 +178,6 @@ class PolicyTrainer:
         kept = float((keep & micro.tensors["response_mask"].bool()).sum())
         return per_token * torch.where(keep, weights, 0.0), kept
 
-    def _boundary(
-        self, phase: str, chunk: int | None = None, reuse_components: bool = False
-    ) -> None:
-        if self.ledger is not None:
-            self.ledger.record(phase, chunk=chunk, reuse_components=reuse_components)
-
 
 def mean_over_mini_batches(
     batch: Batch, size: int, epochs: int, step: Callable[[Batch], dict[str, float]]
@@ -199,6 +190,26 @@ def mean_over_mini_batches(
         for start in range(0, len(batch), size)
     ]
     return {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
+
+
+def boundary(
+    ledger: MemoryLedger | None,
+    phase: str,
+    chunk: int | None = None,
+    reuse_components: bool = False,
+) -> None:
+    """A ledger boundary of an update (none without a ledger)."""
+    if ledger is not None:
+        ledger.record(phase, chunk=chunk, reuse_components=reuse_components)
+
+
+def normalisers(mini: Batch) -> tuple[float, float, float]:
+    """(this rank's response tokens, at least 1; response tokens and rows summed over the
+    data-parallel ranks) of a mini-batch: the loss normalisers of an update."""
+    mask = mini.tensors["response_mask"]
+    tokens = float(mask.sum())
+    global_tokens, global_seqs = global_sums([tokens, float(len(mini))], mask.device)
+    return max(tokens, 1.0), global_tokens, global_seqs
 
 
 def global_sums(values: list[float], device: torch.device) -> list[float]:

@@ -19,7 +19,7 @@ from hybrid.workers.config import CriticConfig
 from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
 from hybrid.workers.packing import packed_inputs, padded_inputs
-from hybrid.workers.policy import global_sums, mean_over_mini_batches
+from hybrid.workers.policy import boundary, mean_over_mini_batches, normalisers
 
 UPDATE_KEYS = (
     "input_ids",
@@ -88,11 +88,7 @@ class ValueTrainer:
 
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
-        device = mini.tensors["response_mask"].device
-        global_tokens, global_seqs = global_sums(
-            [float(mini.tensors["response_mask"].sum()), float(len(mini))], device
-        )
-        local_tokens = max(float(mini.tensors["response_mask"].sum()), 1.0)
+        local_tokens, global_tokens, global_seqs = normalisers(mini)
         scale = dist.get_world_size() if dist.is_initialized() else 1
         vf_loss = clipfrac = predicted = 0.0
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
@@ -109,16 +105,17 @@ class ValueTrainer:
                 global_tokens=global_tokens,
                 global_seqs=global_seqs,
             )
-            self._boundary("update_critic/forward", index)
+            # The forward changes nothing a component source counts (grads come in backward).
+            boundary(self.ledger, "update_critic/forward", index, reuse_components=True)
             (loss * scale).backward()
-            self._boundary("update_critic/backward", index)
+            boundary(self.ledger, "update_critic/backward", index)
             vf_loss += float(loss.detach()) * scale
             share = float(mask.sum()) / local_tokens
             clipfrac += float(micro_clipfrac) * share
             predicted += float((values.detach() * mask).sum()) / local_tokens
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
         self.scheduler.step()
-        self._boundary("update_critic/optimizer_step")
+        boundary(self.ledger, "update_critic/optimizer_step")
         return {
             "critic/vf_loss": vf_loss,
             "critic/vf_clipfrac": clipfrac,
@@ -127,10 +124,6 @@ class ValueTrainer:
             "critic/step_applied": float(applied),
             "critic/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
-
-    def _boundary(self, phase: str, chunk: int | None = None) -> None:
-        if self.ledger is not None:
-            self.ledger.record(phase, chunk=chunk)
 
 
 def warmup_scheduler(
