@@ -1,14 +1,16 @@
 """Putting gathered full tensors into the rollout engine, in place.
 
 Two strategies, one adapter:
-  reload: vLLM's `reload_weights` with a streaming iterator. Works with either weight layout;
-          with the packed layout (vLLM's CPU backend on AVX-512, where oneDNN repacks every
-          linear weight and leaves an empty `.weight`) it is the only one, since only a reload
-          repacks again.
-  direct: copy each tensor into the engine parameter's storage through the parameter's own
-          vLLM weight loader, q/k/v and gate/up into their slices of the fused parameter: one
-          copy, no temporary layer. Needs the plain layout (CUDA, AVX2-only CPUs, fp16 on CPU).
-`auto` asks the engine for its layout and picks direct where it applies, else reload.
+  direct: each tensor goes through the engine parameter's own vLLM weight loader, q/k/v and
+          gate/up into their slices of the fused parameter. Plain layout (CUDA, AVX2-only
+          CPUs, fp16 on CPU): one copy into the engine's storage. Packed layout (vLLM's CPU
+          backend on AVX-512, where oneDNN repacks every linear weight and leaves an empty
+          `.weight`): into a staging weight per layer, packed as soon as the layer is complete
+          (hybrid.rollout.vllm_compat.Repacker), and the readable layers that keep a packed
+          copy (the lm_head) are repacked after their write.
+  reload: vLLM's `reload_weights` with a streaming iterator: its generic layer-wise reload,
+          which also handles layers the direct path does not (quantized linears).
+`auto` takes direct wherever the engine's layout allows it, else reload.
 
 Names: the actor speaks Hugging Face names; the engine fuses projections (`packed_modules_mapping`
 on its model: qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) and, with LoRA enabled,
@@ -24,6 +26,7 @@ from typing import Literal
 
 import torch
 
+from hybrid.rollout.vllm_compat import Repacker, can_repack
 from hybrid.rollout.vllm_engine import VllmEngine, WeightLayout
 
 Strategy = Literal["reload", "direct"]
@@ -83,6 +86,7 @@ class EngineNames:
     ) -> None:
         self.by_canonical = {canonical_name(name): name for name in engine_params}
         self.fused = fused_shards(packed_modules, qkv_modules)
+        self.num_parts = {fused: len(parts) for fused, parts in packed_modules.items()}
 
     @classmethod
     def of(cls, engine_model: torch.nn.Module) -> EngineNames:
@@ -108,42 +112,59 @@ class EngineNames:
             raise KeyError(f"engine has no parameter for {hf_name!r} (looked for {canonical!r})")
         return Target(name, shard)
 
+    def parts_of(self, target: Target) -> int:
+        """How many Hugging Face tensors fill the target's parameter (a q/k/v slice: 3)."""
+        if target.shard is None:
+            return 1
+        module = canonical_name(target.name).rsplit(".", 2)[-2]
+        return self.num_parts[module]
+
     def engine_name(self, hf_name: str) -> str:
         target = self.locate(hf_name)
         return hf_name if target is None else target.name
 
 
 def choose_strategy(
-    requested: Literal["auto", "reload", "direct"], layout: WeightLayout
+    requested: Literal["auto", "reload", "direct"], layout: WeightLayout, repackable: bool
 ) -> Strategy:
+    """`repackable`: every packed weight of the engine is one the direct path can repack."""
+    direct_fits = layout == "plain" or repackable
     if requested == "reload":
         return "reload"
-    if requested == "direct" and layout != "plain":
+    if requested == "direct" and not direct_fits:
         raise ValueError(
-            "sync.strategy=direct needs an engine that keeps plain weights; this one packs "
-            "its linear weights (vLLM's CPU backend does with oneDNN): use sync.strategy=reload "
-            "or auto"
+            "sync.strategy=direct cannot refresh this engine's packed weights (only unquantized "
+            "linear layers can be repacked directly): use sync.strategy=reload or auto"
         )
-    return "direct" if layout == "plain" else "reload"
+    return "direct" if direct_fits else "reload"
 
 
+@torch.no_grad()
 def load_direct(
     engine_model: torch.nn.Module,
     names: EngineNames,
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> None:
-    """Copy each tensor into its engine parameter (or its slice of a fused one) in place."""
+    """Each tensor through its engine parameter's loader: in place into a plain parameter (or
+    its slice of a fused one), into a staging weight for a packed one."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     params = dict(engine_model.named_parameters())
+    repacker = Repacker(engine_model)
     for hf_name, tensor in weights:
         target = names.locate(hf_name)
         if target is None:
             continue
-        param = params[target.name]
+        packed = repacker.holds(target.name)
+        param = repacker.staging(target.name) if packed else params[target.name]
         loader = getattr(param, "weight_loader", default_weight_loader)
         args = (param, tensor) if target.shard is None else (param, tensor, target.shard)
         loader(*args)
+        if packed:
+            repacker.loaded(target.name, target.shard, names.parts_of(target))
+        else:
+            repacker.written(target.name)
+    repacker.finish()
 
 
 class WeightLoader:
@@ -151,7 +172,7 @@ class WeightLoader:
 
     def __init__(self, engine: VllmEngine, requested: Literal["auto", "reload", "direct"]) -> None:
         self.engine = engine
-        self.strategy = choose_strategy(requested, engine.weight_layout)
+        self.strategy = choose_strategy(requested, engine.weight_layout, can_repack(engine.model))
         self.names = EngineNames.of(engine.model)
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

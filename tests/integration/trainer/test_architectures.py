@@ -2,9 +2,9 @@
 (Llama, Qwen2 tied and untied, Qwen3, Mistral), with full fine-tuning and with LoRA: the step
 finishes with a finite loss, and after the sync the engine's log-probs match the actor's.
 
-The engine dtype is `auto` (bf16 here: vLLM packs linears in bf16, so the sync reloads); the
-`fp16-direct` cases run the engine in float16 with `sync.strategy=direct`, the copy into vLLM's
-own storage, on one tied and one untied family. The engines start from dummy weights, so the
+The engine dtype is `auto` (bf16 on AVX-512 CPUs: vLLM packs linears in bf16, and the direct
+sync stages and repacks them); the `fp16-direct` cases run the engine in float16 with
+`sync.strategy=direct`, the copy into vLLM's plain storage, on one tied and one untied family. The engines start from dummy weights, so the
 first sync must fill every tensor; the checkpoints get random biases and norm scales (the
 builder's are 0 and 1, which a missed tensor's dummy values would come too close to).
 

@@ -97,19 +97,40 @@ def test_canonical_name_drops_the_lora_wrapper_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("requested", "layout", "expected"),
+    ("requested", "layout", "repackable", "expected"),
     [
-        ("reload", "plain", "reload"),
-        ("reload", "packed", "reload"),
-        ("auto", "plain", "direct"),
-        ("auto", "packed", "reload"),
-        ("direct", "plain", "direct"),
+        ("reload", "plain", False, "reload"),
+        ("reload", "packed", True, "reload"),
+        ("auto", "plain", False, "direct"),
+        ("auto", "packed", True, "direct"),
+        ("auto", "packed", False, "reload"),
+        ("direct", "plain", False, "direct"),
+        ("direct", "packed", True, "direct"),
     ],
 )
-def test_choose_strategy(requested: str, layout: str, expected: str) -> None:
-    assert choose_strategy(requested, layout) == expected  # type: ignore[arg-type]
+def test_choose_strategy(requested: str, layout: str, repackable: bool, expected: str) -> None:
+    assert choose_strategy(requested, layout, repackable) == expected  # type: ignore[arg-type]
 
 
-def test_direct_on_a_packed_engine_names_the_config_field() -> None:
+def test_direct_on_weights_it_cannot_repack_names_the_config_field() -> None:
     with pytest.raises(ValueError, match=r"sync\.strategy=direct"):
-        choose_strategy("direct", "packed")
+        choose_strategy("direct", "packed", repackable=False)
+
+
+@pytest.mark.parametrize(
+    ("hf_name", "parts"),
+    [
+        (f"{ATTN}.k_proj.weight", 3),
+        (f"{ATTN}.v_proj.bias", 3),
+        (f"{MLP}.up_proj.weight", 2),
+        (f"{MLP}.down_proj.weight", 1),
+        ("model.embed_tokens.weight", 1),
+    ],
+)
+@pytest.mark.parametrize("lora", [False, True])
+def test_parts_of_a_target_count_the_tensors_that_fill_it(
+    lora: bool, hf_name: str, parts: int
+) -> None:
+    names = names_for(lora, tied=True)
+    target = names.locate(hf_name)
+    assert target is not None and names.parts_of(target) == parts

@@ -1,0 +1,104 @@
+"""The direct load leaves the engine exactly as vLLM's reload does, on either weight layout.
+
+A child process builds a VllmEngine per case (the dtype picks the layout this CPU gives it:
+bf16 packs on AVX-512 CPUs, fp16 and AVX2-only CPUs stay plain), loads perturbed weights with
+`reload`, generates greedily, loads the original weights back, loads the same perturbed
+weights with `direct` and generates again: tokens and log-probs must be identical, and differ
+from the original weights' (the loads took effect). Tied and untied heads both run: an untied
+lm_head keeps a private packed copy that the direct path has to repack. On a packed engine a
+fused layer that receives only some of its parts must raise, naming the layer. vLLM runs in
+a child process for the reason given in tests/integration/models/test_tiny_model_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid.models import TinyModelConfig, build_tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+_CHILD = """
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+model_dir, out_path, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+dist.init_process_group("gloo")
+
+from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.sharding.loader import WeightLoader
+
+config = RolloutConfig(dtype=dtype, response_length=8, prompt_length=8, max_model_len=64,
+                       load_format="dummy", kv_cache_memory_bytes=32 << 20)
+engine = VllmEngine(model_dir, config, torch.device("cpu"), dtype)
+dtype_ = getattr(torch, dtype)
+original = {k: v.to(dtype_) for k, v in load_file(model_dir + "/model.safetensors").items()}
+noise = torch.Generator().manual_seed(1)
+perturbed = {k: v + (0.05 * torch.randn(v.shape, generator=noise)).to(dtype_)
+             for k, v in original.items()}
+loaders = {name: WeightLoader(engine, name) for name in ("reload", "direct")}
+
+def generate():
+    out = engine.generate([[5, 17, 23, 9], [40, 41, 42]], greedy=True)
+    return [[s.token_ids, s.log_probs] for s in out]
+
+loaders["reload"].load(original.items())
+before = generate()
+loaders["reload"].load(perturbed.items())
+by_reload = generate()
+loaders["direct"].load(original.items())
+back = generate()
+loaders["direct"].load(perturbed.items())
+by_direct = generate()
+partial_error = None
+if engine.weight_layout == "packed":
+    try:
+        loaders["direct"].load((k, v) for k, v in original.items() if "v_proj" not in k)
+    except ValueError as error:
+        partial_error = str(error)
+json.dump({"layout": engine.weight_layout, "auto": WeightLoader(engine, "auto").strategy,
+           "before": before, "by_reload": by_reload, "back": back, "by_direct": by_direct,
+           "partial_error": partial_error}, open(out_path, "w"))
+engine.shutdown()
+"""
+
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_direct_load_equals_reload_on_either_layout(tmp_path: Path, dtype: str, tied: bool) -> None:
+    config = TinyModelConfig.preset("tiny", tie_word_embeddings=tied)
+    model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    subprocess.run(
+        [sys.executable, "-c", _CHILD, str(model_dir), str(out), dtype],
+        env=env,
+        check=True,
+        timeout=240,
+    )
+    result = json.loads(out.read_text())
+    print(f"{dtype} engine, {result['layout']} weights, {'tied' if tied else 'untied'} head")
+    assert result["auto"] == "direct"  # the tiny Qwen2 has only unquantized linears
+    assert result["by_direct"] == result["by_reload"]  # tokens and log-probs, bit for bit
+    assert result["back"] == result["before"]
+    assert result["by_direct"] != result["back"]  # the perturbation reached the engine
+    if result["layout"] == "packed":
+        assert result["partial_error"] is not None
+        assert "qkv_proj" in result["partial_error"], result["partial_error"]
