@@ -235,10 +235,13 @@ class Batch:
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickling a view serializes its whole storage; clone views so a chunk ships only its rows.
         state = dict(self.__dict__)
-        state["tensors"] = {key: _compact(t) for key, t in self.tensors.items()}
+        state["tensors"] = {key: _to_wire(t) for key, t in self.tensors.items()}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["tensors"] = {key: _from_wire(value) for key, value in state["tensors"].items()}
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         tensors = ", ".join(f"{k}: {tuple(t.shape)} {t.dtype}" for k, t in self.tensors.items())
@@ -307,6 +310,37 @@ def _mappings_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
 
 
+WireTensor = tuple[np.ndarray, torch.dtype]
+"""A host tensor as pickled: its memory as a numpy array (bfloat16 and other types numpy lacks
+viewed as integers of their width) and the dtype to view it back as."""
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _to_wire(tensor: torch.Tensor) -> WireTensor | torch.Tensor:
+    """What a batch tensor pickles as. A host tensor becomes a numpy array, which pickle 5
+    hands to Ray as an out-of-band buffer (torch pickles each tensor's storage itself: ~10x
+    slower at a step's sizes); a view is compacted first so a chunk ships only its rows. A
+    device tensor or one that needs grad keeps torch's own pickling."""
+    if tensor.device.type != "cpu" or tensor.requires_grad:
+        return _compact(tensor)
+    host = _compact(tensor).contiguous()
+    try:
+        return host.numpy(), tensor.dtype
+    except TypeError:  # a dtype numpy lacks
+        return host.view(_SAME_WIDTH_INT[host.element_size()]).numpy(), tensor.dtype
+
+
+def _from_wire(value: WireTensor | torch.Tensor) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    array, dtype = value
+    # Ray may hand out read-only memory (its object store); batch tensors must be writable.
+    tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+    return tensor if tensor.dtype == dtype else tensor.view(dtype)
+
+
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """A view of a larger storage cloned: pickling a view would serialize the whole storage."""
     needed = tensor.numel() * tensor.element_size()
     return tensor.clone() if tensor.untyped_storage().nbytes() > needed else tensor

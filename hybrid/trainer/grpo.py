@@ -289,12 +289,7 @@ class GRPOTrainer:
             t0 = time.perf_counter()
             metrics.update(reduce_over_ranks(self.critic.update_critic(rollout[order])))
             metrics["timing_s/update_critic"] = time.perf_counter() - t0
-        update: dict[str, float] = {}
-        t0 = time.perf_counter()
-        if self.step > c.trainer.critic_warmup:
-            update = reduce_over_ranks(self.actor.update_actor(rollout[order]))
-        update_s = time.perf_counter() - t0
-        worker = reduce_over_ranks(self.actor.pop_metrics())
+        update, update_s, worker = self.run_actor_update(rollout[order])
         step_s = time.perf_counter() - started
         tokens = float(rollout["attention_mask"].sum())
         t = rollout.tensors
@@ -334,6 +329,19 @@ class GRPOTrainer:
         )
         metrics.setdefault("actor/kl_loss", 0.0)
         return metrics
+
+    def run_actor_update(self, batch: Batch) -> tuple[dict[str, float], float, dict[str, float]]:
+        """The actor update (none during the critic's warm-up), its wall time, and the
+        workers' metrics of the step. pop_metrics is queued right behind the update (a Ray
+        actor runs one caller's calls in order), so its answer needs no round trip of its own."""
+        started = time.perf_counter()
+        update = None
+        if self.step > self.config.trainer.critic_warmup:
+            update = self.actor.update_actor.submit(batch)
+        worker = self.actor.pop_metrics.submit()
+        metrics = {} if update is None else reduce_over_ranks(update.get())
+        update_s = time.perf_counter() - started
+        return metrics, update_s, reduce_over_ranks(worker.get())
 
     def add_advantages(
         self, rollout: Batch, scores: torch.Tensor

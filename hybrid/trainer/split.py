@@ -331,12 +331,7 @@ class SplitTrainer(GRPOTrainer):
             t0 = time.perf_counter()
             metrics.update(reduce_over_ranks(self.critic.update_critic(trained[order])))
             metrics["timing_s/update_critic"] = time.perf_counter() - t0
-        update: dict[str, float] = {}
-        t0 = time.perf_counter()
-        if self.step > c.trainer.critic_warmup:
-            update = reduce_over_ranks(self.actor.update_actor(trained[order]))
-        update_s = time.perf_counter() - t0
-        worker = reduce_over_ranks(self.actor.pop_metrics())
+        update, update_s, worker = self.run_actor_update(trained[order])
         if not c.on_policy_update:  # else the update's own pass reported the sync check
             t = rollout.tensors
             diff_mean, diff_max = masked_stats(t["rollout_log_probs"] - t["old_log_probs"], fresh)

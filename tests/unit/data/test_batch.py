@@ -252,6 +252,35 @@ def test_pickled_chunk_ships_only_its_rows() -> None:
     assert pickle.loads(pickle.dumps(chunk)).equals(chunk)
 
 
+WIRE_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.int8, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", WIRE_DTYPES, ids=str)
+def test_pickled_tensors_keep_dtype_shape_and_bits(dtype: torch.dtype) -> None:
+    values = torch.randn(6, 3, 2, generator=torch.Generator().manual_seed(0)) * 50
+    batch = Batch.from_dict({"x": values.to(dtype), "col": values.to(dtype)[:, 1]})
+    back = pickle.loads(pickle.dumps(batch, protocol=5))
+    for key in ("x", "col"):
+        assert back.tensors[key].dtype == dtype
+        assert back.tensors[key].shape == batch.tensors[key].shape
+    assert back.equals(batch)
+
+
+def test_tensors_unpickled_from_read_only_buffers_are_writable() -> None:
+    """Ray hands out-of-band buffers from its object store read-only; the rows must still be
+    writable (and writing must not reach the sender's memory)."""
+    batch = Batch.from_dict({"x": torch.arange(8, dtype=torch.float32).view(4, 2)})
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    assert buffers  # the tensor went out of band
+    read_only = [memoryview(bytes(b.raw())) for b in buffers]
+    sent = [view.tobytes() for view in read_only]
+    back = pickle.loads(data, buffers=read_only)
+    back.tensors["x"] += 1
+    assert back.tensors["x"][0, 0] == 1
+    assert [view.tobytes() for view in read_only] == sent  # the read-only memory is untouched
+
+
 def test_meta_is_isolated_in_derived_batches() -> None:
     batch = make_batch(4)
     derived = [batch[0], batch[1:], batch.chunk(2)[0], batch.repeat(2), batch.select(["ids"])]
