@@ -16,12 +16,14 @@ from hybrid.validation import check_choice, check_positive
 @dataclass(frozen=True)
 class SyncConfig:
     gather: Literal["full", "tensor", "layer", "bucket"] = "layer"
-    """Gather granularity: the whole model, one parameter, one decoder layer (layered summon)
-    or a byte bucket."""
+    """Gather granularity: the whole model, one parameter, one decoder layer (layered summon;
+    consecutive layers smaller than bucket_mb go together) or a byte bucket."""
     bucket_mb: int = 64
-    """Bucket size for gather="bucket"."""
+    """Bucket size for gather="bucket", and what small layers fill together for "layer"."""
     strategy: Literal["auto", "reload", "direct"] = "auto"
-    """How tensors enter the engine: vLLM reload_weights, or a direct copy into its storage."""
+    """How tensors enter the engine: direct (each parameter's own vLLM weight loader; packed
+    CPU weights are staged and repacked), reload (vLLM's reload_weights), or auto: direct
+    wherever the engine's layout allows it (hybrid.sharding.loader)."""
     verify_checksum: bool = False
     """After each sync, compare a checksum of every readable engine tensor with the source."""
     lora_mode: Literal["adapter", "merge"] = "adapter"

@@ -12,8 +12,10 @@ casting the full tensor afterwards.
 Granularity decides how many full tensors are alive together, hence the peak memory:
   full:   the whole model         (peak: all parameters at once; what a plain state_dict does)
   tensor: one parameter          (peak: the largest parameter)
-  layer:  one decoder layer      (peak: the largest layer; the "layered summon")
-  bucket: up to `bucket_bytes`   (peak: one bucket)
+  layer:  one decoder layer      (the "layered summon"; consecutive layers smaller than
+                                 `bucket_bytes` go together: peak the larger of the largest
+                                 layer and one bucket)
+  bucket: up to `bucket_bytes`   (peak: one bucket, or a larger single parameter)
 All four produce the same tensors. The consumer takes them one by one and each is released
 as soon as the consumer lets go of it. The tensors are read-only to the consumer: with world
 size 1 and the parameters' own dtype they are the parameters themselves, not copies.
@@ -44,22 +46,31 @@ def group_parameters(
     if granularity == "tensor":
         return [[item] for item in named_params]
     if granularity == "layer":
-        groups: dict[str, list[NamedParam]] = {}
+        layers: dict[str, list[NamedParam]] = {}
         for name, param in named_params:
-            groups.setdefault(_layer_key(name), []).append((name, param))
-        return list(groups.values())
+            layers.setdefault(_layer_key(name), []).append((name, param))
+        # Small layers travel together up to a bucket: on the host every group costs a
+        # collective round trip, whatever its size. A layer is never split.
+        return _fill_buckets(list(layers.values()), bucket_bytes, dtype)
     if granularity == "bucket":
-        buckets: list[list[NamedParam]] = [[]]
-        size = 0
-        for name, param in named_params:
-            nbytes = param.numel() * dtype.itemsize
-            if buckets[-1] and size + nbytes > bucket_bytes:
-                buckets.append([])
-                size = 0
-            buckets[-1].append((name, param))
-            size += nbytes
-        return buckets
+        return _fill_buckets([[item] for item in named_params], bucket_bytes, dtype)
     raise ValueError(f"sync.gather must be full, tensor, layer or bucket, got {granularity!r}")
+
+
+def _fill_buckets(
+    units: list[list[NamedParam]], bucket_bytes: int, dtype: torch.dtype
+) -> list[list[NamedParam]]:
+    """Consecutive units joined while they fit in `bucket_bytes` (a larger unit stays alone)."""
+    buckets: list[list[NamedParam]] = [[]]
+    size = 0
+    for unit in units:
+        nbytes = sum(param.numel() for _, param in unit) * dtype.itemsize
+        if buckets[-1] and size + nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].extend(unit)
+        size += nbytes
+    return buckets if buckets[-1] else []
 
 
 def _layer_key(name: str) -> str:

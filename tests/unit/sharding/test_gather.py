@@ -71,6 +71,24 @@ def test_layer_granularity_groups_by_decoder_layer() -> None:
     ]
 
 
+def test_small_layers_share_a_bucket_and_no_layer_is_split() -> None:
+    # bf16 bytes: embed 80, layer 0 64, layer 1 40, layer 10 32, norm 8, lm_head 80
+    groups = group_parameters(MODEL, "layer", bucket_bytes=100, dtype=torch.bfloat16)
+    assert names(groups) == [
+        ["model.embed_tokens.weight"],
+        ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"],
+        [
+            "model.layers.1.self_attn.q_proj.weight",
+            "model.layers.1.input_layernorm.weight",
+            "model.layers.10.self_attn.q_proj.weight",
+            "model.norm.weight",
+        ],
+        ["lm_head.weight"],
+    ]
+    whole = group_parameters(MODEL, "layer", bucket_bytes=1 << 20, dtype=torch.bfloat16)
+    assert names(whole) == [[name for name, _ in MODEL]]
+
+
 def test_bucket_granularity_hand_computed() -> None:
     # bf16 bytes: a 32, b 32, c 16, d 200 (oversized), e 8, f 64 (exactly one bucket)
     named = params(("a", 16), ("b", 16), ("c", 8), ("d", 100), ("e", 4), ("f", 32))
