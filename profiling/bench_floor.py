@@ -5,15 +5,17 @@ Step by step and interleaved (A B A B), this runs
               default config at the demo's size (8 prompts x 4 samples x up to 16 new tokens,
               lr 1e-4, one on-policy update), with 1 and with 2 workers;
   its floors: in one plain process, a bare `vllm.LLM.generate` (no Ray, no torch.distributed
-              world, the run's engine settings and sampling parameters, one seed per prompt)
+              world, the run's engine settings and sampling parameters; the step's own prompts
+              with the step's own per-prompt sampling seeds)
               and a bare torch update of the rows it generated: the Hugging Face model with
               fp32 weights under autocast to the actor's compute dtype (the actor's recipe),
               no FSDP, packed micro-batches of the actor's size, log-probs and entropy from the
               logits, the on-policy PPO loss with group advantages, backward, gradient
               clipping, one AdamW step.
-Both floors start from the same checkpoint as the actor and see the same prompt set; they
-keep their own (untrained) engine, so the mean response lengths are printed beside each other
-(`rollout.ignore_eos=true` makes them equal). The floors' process is spawned, not this driver
+Both floors start from the same checkpoint as the actor and get exactly the requests the step
+sent; they keep their own (untrained) engine, so the responses drift apart as the actor
+learns and the mean response lengths are printed beside each other (`rollout.ignore_eos=true`
+makes them equal). The floors' process is spawned, not this driver
 (whose vLLM would change the environment the Ray workers inherit), with as many OpenMP threads
 as the compared step has workers: a Ray worker of one CPU runs one thread. Figures are medians
 over steps `--skip`+1 .. `--steps` of every round; rounds alternate the worker counts.
@@ -47,9 +49,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step import compose_run, prepare
 
-from hybrid.data import PromptDataset, PromptLoader
+from hybrid.data import Batch
 from hybrid.dtypes import Hardware, torch_dtype
-from hybrid.models import load_tokenizer
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.workers.sequences import unpad_prompts
@@ -205,8 +206,9 @@ class Floors:
                 os.environ["OMP_NUM_THREADS"] = saved
         self.threads = self._receive()
 
-    def step(self, step: int) -> dict[str, float]:
-        self.pipe.send(step)
+    def step(self, prompts: list[list[int]], seeds: list[int]) -> dict[str, float]:
+        """Generate from `prompts` with one sampling seed each, then update on the rows."""
+        self.pipe.send((prompts, seeds))
         return self._receive()
 
     def close(self) -> None:
@@ -231,18 +233,11 @@ def _floor_process(
     try:
         generate = BareGenerate(config, rollout_dtype)
         update = BareUpdate(config, torch_dtype(actor_dtype))  # type: ignore[arg-type]
-        dataset = PromptDataset(
-            config.data.train_files,
-            load_tokenizer(config.model.path),
-            config.data.max_prompt_length,
-        )
-        loader = PromptLoader(dataset, config.data.train_batch_size, seed=1)
         pipe.send(torch.get_num_threads())
-        while (step := pipe.recv()) is not None:
-            prompts = loader.next_batch()
-            ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+        while (request := pipe.recv()) is not None:
+            ids, seeds = request
             started = time.perf_counter()
-            rows = generate(ids, [10_007 * step + i for i in range(len(ids))])
+            rows = generate(ids, seeds)
             generated = time.perf_counter()
             update(rows)
             pipe.send(
@@ -256,15 +251,27 @@ def _floor_process(
         pipe.send(error)
 
 
+class PromptRecordingTrainer(GRPOTrainer):
+    """The trainer, keeping the prompt batch (and its sampling seeds) of its last step, so that
+    the floor generates exactly the same requests."""
+
+    def seeded_prompts(self, step: int) -> Batch:
+        self.last_prompts = super().seeded_prompts(step)
+        return self.last_prompts
+
+
 def run_round(config: TrainerRunConfig, floors: Floors, steps: int) -> list[dict[str, float]]:
-    """`steps` trainer steps, each followed by one floor step; per step both timings."""
-    trainer = GRPOTrainer(config)
+    """`steps` trainer steps, each followed by one floor step on the same prompts and seeds;
+    per step both timings."""
+    trainer = PromptRecordingTrainer(config)
     trainer.start_workers()
     measured = []
     try:
         for step in range(1, steps + 1):
             trainer.step = step
             ours = trainer.train_step()
+            t = trainer.last_prompts.tensors
+            prompts = unpad_prompts(t["input_ids"], t["attention_mask"])
             measured.append(
                 {
                     "step_s": ours["timing_s/step"],
@@ -274,7 +281,7 @@ def run_round(config: TrainerRunConfig, floors: Floors, steps: int) -> list[dict
                     "mode_switch_s": ours["timing_s/mode_switch"],
                     "update_actor_s": ours["timing_s/update_actor"],
                     "response_length": ours["response_length/mean"],
-                    **floors.step(step),
+                    **floors.step(prompts, t["seed"].tolist()),
                 }
             )
     finally:
