@@ -164,7 +164,8 @@ class ActorWorker(Worker):
             scored = score_responses(
                 self.model, batch.to(self.parallel.device), self.log_prob_pass, with_entropy=True
             )
-            self.ledger.record("old_log_prob/forward")
+            # A no-grad forward changes nothing a component source counts.
+            self.ledger.record("old_log_prob/forward", reuse_components=True)
         return Batch.from_dict(
             {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
         )
@@ -184,7 +185,7 @@ class ActorWorker(Worker):
                 scored = score_responses(
                     self.model, batch.to(self.parallel.device), self.ref_pass, with_entropy=False
                 )
-            self.ledger.record("ref/forward")
+            self.ledger.record("ref/forward", reuse_components=True)
         return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)

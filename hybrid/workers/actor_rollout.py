@@ -134,7 +134,8 @@ class ActorRolloutWorker(ActorWorker):
                 seeds=None if None in shared_seeds else shared_seeds,
                 max_tokens=[budget for _, _, budget in shared],
             )[mine.start * n : mine.stop * n]
-        self.ledger.record("rollout/generate")
+        # Generation allocates nothing a component source counts (the KV cache is awake).
+        self.ledger.record("rollout/generate", reuse_components=True)
         # Colocated generation runs on the weights of the last sync: one version, lag 0.
         version = self.modes.num_syncs - 1
         samples = [

@@ -138,7 +138,7 @@ class CriticWorker(Worker):
         with self.offloader.phase("values", self.ledger):
             self.model.eval()
             values = compute_values(self.model, batch.to(self.device), self.forward_pass)
-            self.ledger.record("values/forward")
+            self.ledger.record("values/forward", reuse_components=True)
         return Batch.from_dict({"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
