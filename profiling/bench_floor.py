@@ -18,7 +18,9 @@ learns and the mean response lengths are printed beside each other (`rollout.ign
 makes them equal). The floors' process is spawned, not this driver
 (whose vLLM would change the environment the Ray workers inherit), with as many OpenMP threads
 as the compared step has workers: a Ray worker of one CPU runs one thread. Figures are medians
-over steps `--skip`+1 .. `--steps` of every round; rounds alternate the worker counts.
+over steps `--skip`+1 .. `--steps` of every round; rounds alternate the worker counts, and
+every round starts a fresh trainer and fresh floors from the checkpoint (a floor that kept
+training across rounds measured its update up to 2x faster in later rounds than in the first).
 
 Per worker count it prints each phase's ratio to its floor:
   update_actor / floor update, rollout_call (sync + mode switch + generate + Ray, as the
@@ -317,28 +319,30 @@ def main() -> None:
         base = compose_run(root, "floor", args.steps, overrides)
         hardware = Hardware.detect(torch.device("cpu"))
         dtypes = base.worker_config().compute_dtypes(hardware)
-        # The floors of W workers get the W cores those workers run on (a Ray worker of one
-        # CPU runs one OpenMP thread).
-        floors = {w: Floors(base, dtypes.rollout, dtypes.actor, threads=w) for w in args.workers}
         measured: dict[int, list[dict[str, float]]] = {w: [] for w in args.workers}
-        try:
-            for round_index in range(args.rounds):
-                for workers in args.workers:
-                    name = f"w{workers}-r{round_index}"
-                    config = compose_run(
-                        root, name, args.steps, [*overrides, f"trainer.num_workers={workers}"]
-                    )
-                    rows = run_round(config, floors[workers], args.steps)[args.skip :]
-                    measured[workers] += rows
-                    print(f"{name}: {json.dumps(summarise(rows))}", flush=True)
-        finally:
-            for floor in floors.values():
-                floor.close()
+        floor_threads: dict[int, int] = {}
+        for round_index in range(args.rounds):
+            for workers in args.workers:
+                name = f"w{workers}-r{round_index}"
+                config = compose_run(
+                    root, name, args.steps, [*overrides, f"trainer.num_workers={workers}"]
+                )
+                # Fresh floors every round, as the trainer is: both sides start from the
+                # checkpoint. W workers' floors get the W cores those workers run on (a Ray
+                # worker of one CPU runs one OpenMP thread).
+                floors = Floors(base, dtypes.rollout, dtypes.actor, threads=workers)
+                try:
+                    rows = run_round(config, floors, args.steps)[args.skip :]
+                finally:
+                    floors.close()
+                floor_threads[workers] = floors.threads
+                measured[workers] += rows
+                print(f"{name}: {json.dumps(summarise(rows))}", flush=True)
         result: dict[str, Any] = {
             "preset": args.preset,
             "cpu": hardware.description,
             "dtypes": {"actor": dtypes.actor, "rollout": dtypes.rollout},
-            "floor_threads": {w: floor.threads for w, floor in floors.items()},
+            "floor_threads": floor_threads,
             **{f"workers_{w}": summarise(rows) for w, rows in measured.items()},
         }
     print(json.dumps(result))
