@@ -55,6 +55,7 @@ from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import group_parameters, iter_full_parameters
+from hybrid.torch_compat import all_gather_single
 from hybrid.workers.actor_rollout import ActorRolloutWorker
 from hybrid.workers.config import ActorConfig, HybridWorkerConfig, LoraConfig, ModelConfig
 
@@ -132,7 +133,7 @@ class SyncBench(ActorRolloutWorker):
         local, gathered, destination = self._floor_buffers
         dist.barrier()
         start = time.perf_counter()
-        dist.all_gather_single(gathered, local)
+        all_gather_single(gathered, local)
         destination.copy_(gathered)
         return time.perf_counter() - start
 

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
+from hybrid.torch_compat import all_gather_single
+
 Granularity = Literal["full", "tensor", "layer", "bucket"]
 NamedParam = tuple[str, torch.Tensor]
 
@@ -132,7 +134,7 @@ def full_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         local = torch.cat([local, pad])
     transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local.device.type == "cpu" else dtype
     padded = torch.empty((chunk * world, *param.shape[1:]), dtype=dtype, device=local.device)
-    dist.all_gather_single(padded.view(transport), local.contiguous().view(transport), group=group)
+    all_gather_single(padded.view(transport), local.contiguous().view(transport), group=group)
     return padded[:rows]
 
 
@@ -171,7 +173,7 @@ class CoalescedGather:
         cpu = local_flat.device.type == "cpu"
         transport = _TRANSPORT_DTYPE.get(dtype, dtype) if cpu else dtype
         self.gathered = local_flat.new_empty(self.world * local_flat.numel())
-        self.work = dist.all_gather_single(
+        self.work = all_gather_single(
             self.gathered.view(transport),
             local_flat.view(transport),
             group=shard_group,

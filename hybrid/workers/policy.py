@@ -30,6 +30,7 @@ from hybrid.algorithms.policy_loss import (
 )
 from hybrid.data import Batch
 from hybrid.memory.ledger import MemoryLedger
+from hybrid.torch_compat import all_gather_single
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
@@ -252,7 +253,7 @@ class FirstPassStats:
         world = dist.get_world_size() if dist.is_initialized() else 1
         every = local.new_empty(world * local.numel())
         if dist.is_initialized():
-            dist.all_gather_into_tensor(every, local)
+            all_gather_single(every, local)
         else:
             every.copy_(local)
         every = every.view(world, local.numel())
