@@ -13,7 +13,7 @@ MODEL=${MODEL:?set MODEL to a local Qwen2.5-3B directory}
 DATA=${DATA:-outputs/data/countdown}
 python examples/data/countdown.py --output-dir "$DATA" --num-train 32768 --num-test 1024 --seed 0
 exec python -m hybrid.main \
-  model.path="$MODEL" model.attn_implementation=flash_attention_2 model.gradient_checkpointing=true \
+  model.path="$MODEL" model.attn_implementation=auto model.gradient_checkpointing=true \
   actor.lr=1e-6 actor.micro_batch_size=8 actor.optimizer_offload=true \
   actor.use_kl_loss=true actor.kl_loss_coef=0.001 \
   rollout.tensor_parallel_size=1 rollout.n=8 rollout.temperature=1.0 \

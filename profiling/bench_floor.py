@@ -55,6 +55,7 @@ from hybrid.data import Batch
 from hybrid.dtypes import Hardware, torch_dtype
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.workers.attention import flash_attn_installed, resolve_attn_implementation
 from hybrid.workers.sequences import unpad_prompts
 
 # The demo-sized step: 8 prompts x 4 samples x up to 16 new tokens, lr 1e-4.
@@ -130,7 +131,11 @@ class BareUpdate:
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model.path,
             dtype=torch.float32,
-            attn_implementation=config.model.attn_implementation,
+            attn_implementation=resolve_attn_implementation(
+                config.model.attn_implementation,
+                flash_installed=flash_attn_installed(),
+                on_cuda=False,
+            ),
         )
         self.model.train()
         self.optimizer = torch.optim.AdamW(

@@ -13,6 +13,7 @@ from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoi
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.validation import check_choice, check_positive, check_range
+from hybrid.workers.attention import ATTN_CHOICES, AttnChoice
 
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -78,8 +79,10 @@ class LoraConfig:
 class ModelConfig:
     path: str
     """Hugging Face model directory (config, safetensors, tokenizer)."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    """Attention kernel of the training and reference models."""
+    attn_implementation: AttnChoice = "auto"
+    """Attention kernel of the training and reference models: auto (flash_attention_2 where
+    flash-attn is installed and the run is on CUDA, else sdpa), sdpa, eager or
+    flash_attention_2 (hybrid.workers.attention)."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in the backward pass."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -97,12 +100,7 @@ class ModelConfig:
                 f"model.log_prob_chunk_tokens must be >= 0 (0 = full logits), "
                 f"got {self.log_prob_chunk_tokens}"
             )
-        check_choice(
-            "model",
-            "attn_implementation",
-            self.attn_implementation,
-            ("sdpa", "eager", "flash_attention_2"),
-        )
+        check_choice("model", "attn_implementation", self.attn_implementation, ATTN_CHOICES)
 
 
 @dataclass(frozen=True)

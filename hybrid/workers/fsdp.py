@@ -21,8 +21,6 @@ leaving the other ranks waiting in a broadcast.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -41,6 +39,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
+from hybrid.workers.attention import AttnChoice, flash_attn_installed, resolve_attn_implementation
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.lora import add_adapters, initial_adapter
 
@@ -60,7 +59,7 @@ def build_fsdp_model(
     param_dtype: torch.dtype = torch.bfloat16,
     reduce_dtype: torch.dtype = torch.float32,
     master_dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
+    attn_implementation: AttnChoice = "auto",
     gradient_checkpointing: bool = False,
     trainable: bool = True,
     lora: LoraConfig | None = None,
@@ -80,9 +79,11 @@ def build_fsdp_model(
     the frozen base stored in `param_dtype`, only the adapters in `master_dtype` and trainable.
     Every rank of `mesh` must call this collectively.
     """
-    _check_attn_implementation(attn_implementation)
-    if attn_implementation == "sdpa":  # the same kernel, without a dense mask when packed
-        attn_implementation = varlen_attention.register()
+    kernel: str = resolve_attn_implementation(
+        attn_implementation, flash_installed=flash_attn_installed(), on_cuda=device.type == "cuda"
+    )
+    if kernel == "sdpa":  # the same kernel, without a dense mask when packed
+        kernel = varlen_attention.register()
     if mesh.ndim not in (1, 2):
         raise ValueError(
             f"mesh must be 1-D (FSDP) or 2-D (HSDP: replicate, shard), got {mesh.ndim} dims"
@@ -96,9 +97,7 @@ def build_fsdp_model(
         config.num_labels = 1
         config.classifier_dropout = 0.0  # values regress returns: no dropout noise
     with torch.device("meta"):
-        model = model_class.from_config(
-            config, attn_implementation=attn_implementation, dtype=master_dtype
-        )
+        model = model_class.from_config(config, attn_implementation=kernel, dtype=master_dtype)
     tied = not value_head and bool(getattr(model.config, "tie_word_embeddings", False))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -174,20 +173,6 @@ def clip_and_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, applied
-
-
-def _check_attn_implementation(attn_implementation: str) -> None:
-    if (
-        attn_implementation == "flash_attention_2"
-        and importlib.util.find_spec("flash_attn") is None
-    ):
-        raise ValueError(
-            "attn_implementation='flash_attention_2' needs the flash_attn package, which is not "
-            f"installed (torch {torch.__version__}, transformers "
-            f"{importlib.metadata.version('transformers')}, CUDA "
-            f"{'available' if torch.cuda.is_available() else 'not available'}); "
-            "use attn_implementation='sdpa' or 'eager', or install the `gpu` extra"
-        )
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:

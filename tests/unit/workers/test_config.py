@@ -18,8 +18,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_model_config_defaults_and_allowed_attention() -> None:
-    assert ModelConfig(path="m").attn_implementation == "sdpa"
-    for impl in ("sdpa", "eager", "flash_attention_2"):
+    assert ModelConfig(path="m").attn_implementation == "auto"
+    for impl in ("auto", "sdpa", "eager", "flash_attention_2"):
         assert ModelConfig(path="m", attn_implementation=impl).attn_implementation == impl
 
 

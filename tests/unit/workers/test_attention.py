@@ -1,0 +1,58 @@
+"""model.attn_implementation: what `auto` picks on each machine, the refusals naming the field
+and the fix, and that every preset runs where flash-attn is not installed."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hybrid.workers.attention import resolve_attn_implementation
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.unit
+
+PRESETS = sorted(p.stem for p in (REPO_ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("flash_installed", "on_cuda", "kernel"),
+    [
+        (True, True, "flash_attention_2"),
+        (False, True, "sdpa"),
+        (True, False, "sdpa"),
+        (False, False, "sdpa"),
+    ],
+)
+def test_auto_takes_flash_attention_only_where_it_runs(
+    flash_installed: bool, on_cuda: bool, kernel: str
+) -> None:
+    chosen = resolve_attn_implementation("auto", flash_installed=flash_installed, on_cuda=on_cuda)
+    assert chosen == kernel
+
+
+def test_flash_attention_without_the_package_names_the_field_and_the_fix() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"model\.attn_implementation=flash_attention_2 needs flash-attn.*\.\[flash\].*sdpa",
+    ):
+        resolve_attn_implementation("flash_attention_2", flash_installed=False, on_cuda=True)
+
+
+def test_flash_attention_on_the_cpu_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"CUDA only"):
+        resolve_attn_implementation("flash_attention_2", flash_installed=True, on_cuda=False)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_explicit_kernels_are_kept(kernel: str) -> None:
+    assert resolve_attn_implementation(kernel, flash_installed=False, on_cuda=True) == kernel  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_runs_on_a_gpu_node_without_flash_attn(preset: str) -> None:
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        cfg = compose(config_name=preset)
+    chosen = resolve_attn_implementation(
+        cfg.model.attn_implementation, flash_installed=False, on_cuda=True
+    )
+    assert chosen in ("sdpa", "eager")
