@@ -53,6 +53,7 @@ from bench_step import compose_run, prepare
 
 from hybrid.data import Batch
 from hybrid.dtypes import Hardware, torch_dtype
+from hybrid.rollout.engine_args import EngineSite, enforce_eager, kv_cache_bytes
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.grpo import GRPOTrainer
 from hybrid.workers.attention import flash_attn_installed, resolve_attn_implementation
@@ -69,6 +70,8 @@ DEMO_SIZE = (
 Row = tuple[list[int], list[int]]
 """(prompt token ids, response token ids) of one sample."""
 
+CPU_SITE = EngineSite("cpu", visible_devices=0, local_rank=0)
+
 
 class BareGenerate:
     """vllm.LLM in this process with the run's engine settings: generation and nothing else."""
@@ -83,9 +86,9 @@ class BareGenerate:
         self.llm = LLM(
             model=config.model.path,
             dtype=dtype,
-            enforce_eager=r.enforce_eager,
+            enforce_eager=enforce_eager(r, CPU_SITE),
             max_model_len=r.max_model_len,
-            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+            kv_cache_memory_bytes=kv_cache_bytes(r, CPU_SITE),
             seed=r.seed,
             enable_prefix_caching=True,
         )

@@ -98,7 +98,13 @@ class ExplorerWorker(Worker):
         self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
         self.hardware = Hardware.detect(self.parallel.device)
         self.dtypes = c.compute_dtypes(self.hardware)
-        self.engine = VllmEngine(c.model.path, c.rollout, self.parallel.device, self.dtypes.rollout)
+        self.engine = VllmEngine(
+            c.model.path,
+            c.rollout,
+            self.parallel.device,
+            self.dtypes.rollout,
+            site=self.parallel.engine_site(),
+        )
         self.loader = WeightLoader(self.engine, c.sync.strategy)
         self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
         self._in_flight = InFlight(c.rollout.n, c.rollout.response_length)

@@ -34,15 +34,23 @@ class RolloutConfig:
     ignore_eos: bool = False
     """Generate every response to its budget, past end-of-sequence (benchmarks of length)."""
     seed: int = 0
-    """Base sampling seed; row i of a call samples with seed + its `seed` column or index."""
+    """Base sampling seed: the engine of data-parallel rank d is seeded with seed + d, and
+    with seed_requests each row samples with its own `seed` column."""
+    seed_requests: bool | None = None
+    """Give every request its row's seed (reproducible per row whatever the batch; vLLM then
+    draws for seeded rows one by one) or seed only the engine. Unset: per request on CPU,
+    per engine on CUDA (hybrid.rollout.engine_args)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may take (weights + KV cache) on CUDA."""
-    kv_cache_memory_bytes: int | None = 64 << 20
-    """Explicit KV-cache size; required on CPU (otherwise vLLM takes ~12 GiB of RAM)."""
+    kv_cache_memory_bytes: int | None = None
+    """Explicit KV-cache size per engine. Unset: 64 MiB on CPU (vLLM would take ~12 GiB of
+    RAM), sized by gpu_memory_utilization on CUDA; a GPU value too small for 32 sequences of
+    max_model_len is refused."""
     load_format: Literal["auto", "dummy"] = "dummy"
     """dummy: random weights at start, the first sync fills them (nothing read from disk)."""
-    enforce_eager: bool = True
-    """No CUDA graphs (they pin memory across sleep/wake)."""
+    enforce_eager: bool | None = None
+    """Run without CUDA graphs. Unset: eager on CPU, graphs on CUDA (faster decoding; they
+    keep ~1 GiB resident across sleep/wake)."""
     free_cache_engine: bool = True
     """Release the KV cache in trainer mode (vLLM sleep mode on CUDA)."""
 

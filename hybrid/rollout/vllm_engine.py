@@ -17,8 +17,18 @@ from typing import Any, Literal
 import torch
 
 from hybrid.dtypes import Dtype
+from hybrid.memory.model_shape import model_shape
 from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.engine_args import (
+    EngineSite,
+    check_gpu_kv_cache,
+    engine_environ,
+    engine_kwargs,
+    scoped_environ,
+    seeds_requests,
+    sleep_level,
+)
 from hybrid.rollout.vllm_compat import (
     cpu_shm_segment,
     explain_shm_collision,
@@ -48,10 +58,12 @@ class VllmEngine:
         device: torch.device,
         dtype: Dtype,
         lora_rank: int = 0,
+        site: EngineSite | None = None,
     ) -> None:
         """`dtype` is the resolved engine dtype (hybrid.dtypes). `lora_rank` > 0 starts the
         engine with LoRA support for one adapter of that rank (`load_adapter`); every request
-        then runs with the adapter once one is loaded."""
+        then runs with the adapter once one is loaded. `site`: where it runs (default: this
+        process's device count and LOCAL_RANK, data-parallel rank 0)."""
         # The engine must run in this process: the weight sync hands it tensors by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
@@ -59,28 +71,25 @@ class VllmEngine:
         self.config = config
         self.dtype = dtype
         self.on_cuda = device.type == "cuda"
-        memory: dict[str, Any] = {}
-        if config.kv_cache_memory_bytes is not None:
-            memory["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+        self.site = site or EngineSite(
+            "cuda" if self.on_cuda else "cpu",
+            torch.cuda.device_count() if self.on_cuda else 0,
+            int(os.environ.get("LOCAL_RANK", "0")),
+        )
+        adapter_rank = vllm_lora_rank(lora_rank) if lora_rank else 0
         if self.on_cuda:
-            memory["gpu_memory_utilization"] = config.gpu_memory_utilization
-        if lora_rank:
-            memory.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
+            check_gpu_kv_cache(
+                config, model_shape(model_path).kv_bytes_per_token(config.tensor_parallel_size)
+            )
+        self.sleep_level = sleep_level(adapter_sync=lora_rank > 0)
+        self.seed_requests = seeds_requests(config, self.site)
         self.lora_request: Any = None
         try:
-            self.llm = LLM(
-                model=model_path,
-                dtype=dtype,
-                enforce_eager=config.enforce_eager,
-                max_model_len=config.max_model_len,
-                tensor_parallel_size=config.tensor_parallel_size,
-                distributed_executor_backend="external_launcher",
-                load_format=config.load_format,
-                seed=config.seed,
-                enable_sleep_mode=self.on_cuda,
-                enable_prefix_caching=True,
-                **memory,
-            )
+            with scoped_environ(engine_environ(self.site)):
+                self.llm = LLM(
+                    model=model_path,
+                    **engine_kwargs(config, self.site, dtype=dtype, lora_rank=adapter_rank),
+                )
         except RuntimeError as error:
             raise explain_shm_collision(error) from error
         except ValueError as error:
@@ -141,7 +150,10 @@ class VllmEngine:
             )
 
         budgets = [c.response_length] * len(prompts) if max_tokens is None else max_tokens
-        row_seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
+        use_seeds = seeds is not None and self.seed_requests
+        row_seeds = (
+            [int(s) for s in seeds] if use_seeds and seeds is not None else [None] * len(prompts)
+        )
         per_prompt = [params(seed, budget) for seed, budget in zip(row_seeds, budgets, strict=True)]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
@@ -166,7 +178,7 @@ class VllmEngine:
             top_k=c.top_k,
             max_tokens=request.max_tokens,
             logprobs=0,
-            seed=request.seed,
+            seed=request.seed if self.seed_requests else None,
             ignore_eos=c.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             # The caller decodes a finished response once; per-step text would cost a
@@ -233,12 +245,17 @@ class VllmEngine:
         self.llm.reset_prefix_cache()
 
     def release(self) -> None:
+        """Sleep: drop the KV cache, and the weights (level 2; the next sync rewrites them) or
+        move them to the host (level 1: adapter syncs keep the base in the engine)."""
         if self.on_cuda and self.config.free_cache_engine:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=self.sleep_level)
             self.resident = set()
 
     def resume(self, tags: Sequence[ResumeTag]) -> None:
         if self.on_cuda and self.config.free_cache_engine:
+            # vLLM maps its pools outside torch's caching allocator: blocks the trainer's
+            # passes left cached would stay reserved beside them (OOM at the KV-cache wake).
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=list(tags))
             self.resident |= set(tags)
 

@@ -41,6 +41,7 @@ class ActorRolloutWorker(ActorWorker):
             self.parallel.device,
             self.dtypes.rollout,
             lora_rank=lora.rank if adapter_sync else 0,
+            site=self.parallel.engine_site(),
         )
         # vLLM's weights in its dtype, split over the tensor-parallel group. A packed layout
         # holds them in buffers that are not tensors, so count from the shapes.
@@ -71,8 +72,13 @@ class ActorRolloutWorker(ActorWorker):
     def _rollout_components(self) -> dict[str, ByDevice]:
         device, host = self.parallel.device.type, "cpu"
         resident = self.engine.resident
-        weights_at = device if "weights" in resident else host  # sleep level 1 offloads them
-        components = {"rollout_weights": ByDevice({weights_at: self._rollout_weight_bytes})}
+        if "weights" in resident:
+            weights = ByDevice({device: self._rollout_weight_bytes})
+        elif self.engine.sleep_level == 1:  # a pinned host copy; level 2 discards them
+            weights = ByDevice({host: self._rollout_weight_bytes})
+        else:
+            weights = ByDevice({})
+        components = {"rollout_weights": weights}
         if "kv_cache" in resident:
             components["kv_cache"] = ByDevice({device: self.engine.kv_cache_bytes})
         return components

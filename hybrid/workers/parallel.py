@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.controller import RankEnv
+from hybrid.rollout.engine_args import EngineSite
 
 T = TypeVar("T")
 
@@ -46,6 +47,16 @@ class ParallelState:
     @property
     def dp_rank(self) -> int:
         return self.rollout_mesh.get_local_rank("dp")
+
+    def engine_site(self) -> EngineSite:
+        """Where this rank's rollout engine runs (what vLLM's arguments depend on)."""
+        cuda = self.device.type == "cuda"
+        return EngineSite(
+            "cuda" if cuda else "cpu",
+            torch.cuda.device_count() if cuda else 0,
+            self.rank_env.local_rank,
+            self.dp_rank,
+        )
 
 
 def gather_across_tp(state: ParallelState, items: list[T]) -> tuple[list[T], slice]:
