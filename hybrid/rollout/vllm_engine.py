@@ -115,6 +115,12 @@ class VllmEngine:
         return weight_layout(self.model)
 
     @cached_property
+    def quantization(self) -> str | None:
+        """The quantization method vLLM loaded the checkpoint with (None: unquantized)."""
+        method = self.llm.llm_engine.model_config.quantization
+        return None if method is None else str(method)
+
+    @cached_property
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV cache vLLM allocated (its layers are views of shared buffers)."""
         caches = self.llm.collective_rpc(_get_kv_caches)[0]

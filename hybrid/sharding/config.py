@@ -23,7 +23,8 @@ class SyncConfig:
     strategy: Literal["auto", "reload", "direct"] = "auto"
     """How tensors enter the engine: direct (each parameter's own vLLM weight loader; packed
     CPU weights are staged and repacked), reload (vLLM's reload_weights), or auto: direct
-    wherever the engine's layout allows it (hybrid.sharding.loader)."""
+    wherever it is exact (no quantized or fused-expert layers: hybrid.sharding.direct_fit),
+    else reload."""
     verify_checksum: bool = False
     """After each sync, compare a checksum of every readable engine tensor with the source."""
     lora_mode: Literal["adapter", "merge"] = "adapter"

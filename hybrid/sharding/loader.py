@@ -10,7 +10,8 @@ Two strategies, one adapter:
           copy (the lm_head) are repacked after their write.
   reload: vLLM's `reload_weights` with a streaming iterator: its generic layer-wise reload,
           which also handles layers the direct path does not (quantized linears).
-`auto` takes direct wherever the engine's layout allows it, else reload.
+`auto` takes direct wherever the engine's layout allows it and every weight keeps its Hugging
+Face layout (no quantized or fused-expert layers: hybrid.sharding.direct_fit), else reload.
 
 Names: the actor speaks Hugging Face names; the engine fuses projections (`packed_modules_mapping`
 on its model: qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) and, with LoRA enabled,
@@ -20,7 +21,8 @@ engine model itself, so every family vLLM implements this way maps without a tab
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +30,9 @@ import torch
 
 from hybrid.rollout.vllm_compat import Repacker, can_repack
 from hybrid.rollout.vllm_engine import VllmEngine, WeightLayout
+from hybrid.sharding.direct_fit import direct_blockers, engine_layers, summarize
+
+logger = logging.getLogger(__name__)
 
 Strategy = Literal["reload", "direct"]
 ShardId = str | int | None
@@ -125,16 +130,26 @@ class EngineNames:
 
 
 def choose_strategy(
-    requested: Literal["auto", "reload", "direct"], layout: WeightLayout, repackable: bool
+    requested: Literal["auto", "reload", "direct"],
+    layout: WeightLayout,
+    repackable: bool,
+    blockers: Sequence[str] = (),
 ) -> Strategy:
-    """`repackable`: every packed weight of the engine is one the direct path can repack."""
-    direct_fits = layout == "plain" or repackable
+    """`repackable`: every packed weight of the engine is one the direct path can repack.
+    `blockers`: why a direct copy would not be exact (hybrid.sharding.direct_fit)."""
+    direct_fits = (layout == "plain" or repackable) and not blockers
     if requested == "reload":
         return "reload"
     if requested == "direct" and not direct_fits:
+        reason = (
+            summarize(list(blockers))
+            if blockers
+            else "its packed weights are not all unquantized linear layers, the only ones it "
+            "can repack directly"
+        )
         raise ValueError(
-            "sync.strategy=direct cannot refresh this engine's packed weights (only unquantized "
-            "linear layers can be repacked directly): use sync.strategy=reload or auto"
+            f"sync.strategy=direct cannot refresh this engine exactly: {reason}; use "
+            "sync.strategy=reload or auto"
         )
     return "direct" if direct_fits else "reload"
 
@@ -172,7 +187,12 @@ class WeightLoader:
 
     def __init__(self, engine: VllmEngine, requested: Literal["auto", "reload", "direct"]) -> None:
         self.engine = engine
-        self.strategy = choose_strategy(requested, engine.weight_layout, can_repack(engine.model))
+        self.blockers = direct_blockers(engine_layers(engine.model), engine.quantization)
+        self.strategy = choose_strategy(
+            requested, engine.weight_layout, can_repack(engine.model), self.blockers
+        )
+        if requested == "auto" and self.blockers:
+            logger.warning("sync.strategy=auto: reload, not direct: %s", summarize(self.blockers))
         self.names = EngineNames.of(engine.model)
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -40,6 +40,7 @@ dist.init_process_group("gloo")
 
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.sharding.direct_fit import engine_layers
 from hybrid.sharding.loader import WeightLoader
 
 config = RolloutConfig(dtype=dtype, response_length=8, prompt_length=8, max_model_len=64,
@@ -70,7 +71,11 @@ if engine.weight_layout == "packed":
         loaders["direct"].load((k, v) for k, v in original.items() if "v_proj" not in k)
     except ValueError as error:
         partial_error = str(error)
-json.dump({"layout": engine.weight_layout, "auto": WeightLoader(engine, "auto").strategy,
+auto = WeightLoader(engine, "auto")
+layers = engine_layers(engine.model)
+json.dump({"layout": engine.weight_layout, "auto": auto.strategy, "blockers": auto.blockers,
+           "quantization": engine.quantization,
+           "kinds": {k: sum(l.kind == k for l in layers) for k in ("linear", "embedding", "moe")},
            "before": before, "by_reload": by_reload, "back": back, "by_direct": by_direct,
            "partial_error": partial_error}, open(out_path, "w"))
 engine.shutdown()
@@ -98,6 +103,10 @@ def test_direct_load_equals_reload_on_either_layout(tmp_path: Path, dtype: str, 
     result = json.loads(out.read_text())
     print(f"{dtype} engine, {result['layout']} weights, {'tied' if tied else 'untied'} head")
     assert result["auto"] == "direct"  # the tiny Qwen2 has only unquantized linears
+    # The exactness check read the real engine: 2 layers x (qkv, o, gate_up, down) + a head.
+    assert result["blockers"] == [] and result["quantization"] is None
+    assert result["kinds"]["linear"] >= 8 and result["kinds"]["embedding"] >= 1
+    assert result["kinds"]["moe"] == 0
     assert result["by_direct"] == result["by_reload"]  # tokens and log-probs, bit for bit
     assert result["back"] == result["before"]
     assert result["by_direct"] != result["back"]  # the perturbation reached the engine

@@ -4,6 +4,7 @@ direct strategies (no vLLM engine needed: the engine's names are given as vLLM l
 
 import pytest
 
+from hybrid.sharding.direct_fit import EngineLayer, direct_blockers
 from hybrid.sharding.loader import EngineNames, Target, canonical_name, choose_strategy
 
 pytestmark = pytest.mark.unit
@@ -134,3 +135,46 @@ def test_parts_of_a_target_count_the_tensors_that_fill_it(
     names = names_for(lora, tied=True)
     target = names.locate(hf_name)
     assert target is not None and names.parts_of(target) == parts
+
+
+def _layer(name: str, kind: str = "linear", method: str = "UnquantizedLinearMethod") -> EngineLayer:
+    return EngineLayer(name, kind, method, unquantized=method.startswith("Unquantized"))  # type: ignore[arg-type]
+
+
+DENSE = [
+    _layer("model.embed_tokens", "embedding", "UnquantizedEmbeddingMethod"),
+    _layer("model.layers.0.self_attn.qkv_proj"),
+    _layer("model.layers.0.mlp.down_proj"),
+]
+# What vLLM builds for pre-quantized and mixture-of-experts checkpoints.
+FP8 = [*DENSE[:1], _layer("model.layers.0.self_attn.qkv_proj", method="Fp8LinearMethod")]
+AWQ = [*DENSE[:1], _layer("model.layers.0.mlp.down_proj", method="AWQMarlinLinearMethod")]
+MOE = [*DENSE, _layer("model.layers.0.mlp.experts", "moe", "UnquantizedFusedMoEMethod")]
+
+
+def test_a_dense_unquantized_engine_takes_direct() -> None:
+    assert direct_blockers(DENSE, quantization=None) == []
+    assert choose_strategy("auto", "plain", False, direct_blockers(DENSE, None)) == "direct"
+
+
+@pytest.mark.parametrize(
+    ("layers", "quantization", "named"),
+    [
+        (FP8, "fp8", "qkv_proj is quantized (Fp8LinearMethod)"),
+        (AWQ, "awq_marlin", "down_proj is quantized (AWQMarlinLinearMethod)"),
+        (MOE, None, "experts is a fused mixture-of-experts layer"),
+        (DENSE, "gptq", "the checkpoint is quantized (gptq)"),
+    ],
+    ids=["fp8", "awq", "moe", "quantized-config"],
+)
+def test_auto_refuses_direct_where_the_engine_layout_differs(
+    layers: list[EngineLayer], quantization: str | None, named: str
+) -> None:
+    blockers = direct_blockers(layers, quantization)
+    assert any(named in b for b in blockers), blockers
+    # CUDA engines keep plain tensors: the layout alone would have allowed direct.
+    assert choose_strategy("auto", "plain", False, blockers) == "reload"
+    with pytest.raises(
+        ValueError, match=r"sync\.strategy=direct cannot refresh this engine exactly"
+    ):
+        choose_strategy("direct", "plain", False, blockers)
