@@ -3,9 +3,13 @@
 # workers (vLLM only, tensor parallel 2) generate while 4 trainer workers (FSDP2 actor +
 # reference) train; weights go from trainer rank 0 to the explorers by NCCL broadcast, one
 # step off (generation of step k+1 overlaps the update of step k; every trained token lags
-# at most one version). Settings: configs/qwen2_5_7b_gsm8k_8gpu.yaml plus the overrides below
-# (README, "Decoupled training"). Not yet run on a GPU: the CPU suite covers the same code
-# with gloo in place of NCCL.
+# at most one version). The broadcast moves buckets of sync.bucket_mb (in the engine's dtype)
+# from rank 0's GPU straight into receive buffers on each explorer GPU (two buckets of memory
+# on each side), never through host memory; sync.verify_checksum=true adds a host copy of
+# each bucket on both sides to hash it.
+# Settings: configs/qwen2_5_7b_gsm8k_8gpu.yaml plus the overrides below (README, "Decoupled
+# training"). Not yet run on a GPU: the CPU suite covers the same code with gloo in place of
+# NCCL, and tests/gpu/test_nccl_transport.py checks the NCCL broadcast on 2 GPUs.
 #
 # MODEL is a local Hugging Face directory (no download happens here).
 set -euo pipefail

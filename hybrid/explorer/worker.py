@@ -31,7 +31,7 @@ from hybrid.rollout.vllm_engine import VllmEngine
 from hybrid.sharding.loader import WeightLoader
 from hybrid.transport.buckets import Staging
 from hybrid.transport.checkpoint import read_version
-from hybrid.transport.collective import BroadcastGroup
+from hybrid.transport.collective import BroadcastGroup, broadcast_group_for
 from hybrid.transport.memory import get_version
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
@@ -88,9 +88,10 @@ class ExplorerWorker(Worker):
         self.version = -1
         """The weight version in the engine (-1: the dummy weights it started with)."""
         self._broadcast: BroadcastGroup | None = None
-        self._staging = Staging(slots=2)
-        """Receive buffers of the broadcast transport, kept between syncs (two: one bucket
-        loads into the engine while the next arrives)."""
+        self._staging: Staging | None = None
+        """Receive buffers of the broadcast transport on its device (the GPU under NCCL), made
+        when the group is joined and kept between syncs (two: one bucket loads into the engine
+        while the next arrives)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_engine(self) -> None:
@@ -246,8 +247,12 @@ class ExplorerWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Join the trainer's broadcast group (rank 0 is the trainer's rank 0)."""
-        self._broadcast = BroadcastGroup(host, port, 1 + self.rank, world_size, timeout_s=timeout_s)
+        """Join the trainer's broadcast group (rank 0 is the trainer's rank 0), on this rank's
+        device: NCCL into GPU buffers on a GPU, gloo into host buffers on the CPU."""
+        self._broadcast = broadcast_group_for(
+            self.parallel.device, host, port, 1 + self.rank, world_size, timeout_s
+        )
+        self._staging = Staging(slots=2, device=self._broadcast.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_from_broadcast(self, version: int) -> float:

@@ -9,9 +9,10 @@ Three transports, one module each, all packing the stream with `buckets`:
   while the version is read.
 - `checkpoint`: safetensors shards plus a manifest with per-tensor digests, written to
   `root/v<N>/` atomically (temp dir, fsync, rename). Needs a filesystem every process sees.
-- `collective` (the `nccl` transport; gloo on CPU): a broadcast group of its own, apart from
-  the default process group, from rank 0 to the explorer ranks. Needs a port on the sender's
-  host that every receiver can reach.
+- `collective` (the `nccl` transport): a broadcast group of its own, apart from the default
+  process group, from rank 0 to the explorer ranks. On GPUs it is NCCL and the buckets stay in
+  GPU memory end to end; on CPU it is gloo through host memory (`device` holds the rule both
+  sides apply). Needs a port on the sender's host that every receiver can reach.
 Receivers verify each tensor's digest when asked to (`sync.verify_checksum`;
 `TransportChecksumError` on a mismatch); waits have deadlines and fail with `TransportError` naming the other side.
 """
@@ -20,6 +21,7 @@ from hybrid.transport.buckets import (
     Staging,
     TensorMeta,
     Weights,
+    bucket_device,
     iter_buckets,
     tensor_digest,
     unpack_bucket,
@@ -32,7 +34,8 @@ from hybrid.transport.checkpoint import (
     remove_stale_temps,
     write_version,
 )
-from hybrid.transport.collective import BroadcastGroup, free_port
+from hybrid.transport.collective import BroadcastGroup, broadcast_group_for, free_port
+from hybrid.transport.device import transport_backend, transport_device
 from hybrid.transport.errors import TransportChecksumError, TransportError
 from hybrid.transport.memory import get_version, put_version
 
@@ -43,6 +46,8 @@ __all__ = [
     "TransportChecksumError",
     "TransportError",
     "Weights",
+    "broadcast_group_for",
+    "bucket_device",
     "complete_versions",
     "free_port",
     "get_version",
@@ -53,6 +58,8 @@ __all__ = [
     "read_version",
     "remove_stale_temps",
     "tensor_digest",
+    "transport_backend",
+    "transport_device",
     "unpack_bucket",
     "write_version",
 ]

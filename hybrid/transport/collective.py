@@ -1,18 +1,29 @@
 """The `nccl` transport: a broadcast group of its own between the trainer's rank 0 (the sender,
-rank 0 here) and the explorer ranks (receivers, ranks 1..), gloo on CPU and NCCL on CUDA.
+rank 0 here) and the explorer ranks (receivers, ranks 1..), NCCL on CUDA and gloo on CPU.
 
 Every process already has a default torch.distributed group (FSDP's or vLLM's), and this group
 must not touch it: it is built from its own `TCPStore` (hosted by rank 0) and a backend object
 made directly (`ProcessGroupGloo` / `ProcessGroupNCCL`), whose own collectives it calls. It
 never calls `init_process_group` or a `dist.*` function that uses the default group.
 
+Where the bytes go (`hybrid.transport.device`, decided by each side from its worker's device,
+checked to agree when the group forms):
+- CUDA: NCCL between the GPUs. The sender packs its buckets on its GPU (device-to-device
+  copies, cast included), NCCL moves those device buffers, and a receiver yields tensors that
+  are views into a bucket on its own GPU, for the engine to copy from: nothing goes through
+  host memory. The communicator is bound to the worker's GPU and connected when the group
+  forms. Deadlines of later broadcasts are enforced by NCCL's watchdog, which aborts the
+  communicator (with torch's default error handling, the process) instead of raising here.
+- CPU: gloo over TCP, buckets in host memory; the group's timeout raises `TransportError`.
+Digests (`sync.verify_checksum`) are CRC-32 on either device, hashed on the host: on CUDA
+that costs one device-to-host copy per bucket on each side, and only when they are on.
+
 Wire format, one round per bucket (every message is a broadcast from rank 0):
   1. an int64 tensor `[header_len, bucket_len]`; `header_len == 0` means the stream has ended
   2. the header: the bucket's `TensorMeta`s as JSON bytes in a uint8 tensor (JSON, not
      pickle, so that a receiver never unpickles what arrives on a socket)
   3. the flat uint8 bucket
-Buckets travel through the device (`cuda`) or stay on the CPU (`cpu`); the tensors a receiver
-yields are CPU tensors either way, checked against their digests.
+Messages 1 and 2 are tiny and read on the host; message 3 stays on the group's device.
 Needs: a `host:port` that rank 0 can listen on and every receiver can reach.
 """
 
@@ -32,16 +43,19 @@ import torch
 import torch.distributed as dist
 
 from hybrid.transport.buckets import Staging, TensorMeta, Weights, iter_buckets, unpack_bucket
+from hybrid.transport.device import Backend, transport_backend, transport_device
 from hybrid.transport.errors import TransportError
 
 _STORE_PREFIX = "hybrid-transport"
 
 
 class BroadcastGroup:
-    """A sender (rank 0) and `world_size - 1` receivers, joined over `host:port`.
+    """A sender (rank 0) and `world_size - 1` receivers, joined over `host:port`, moving
+    buckets on `device` (`cuda[:N]`: NCCL on that GPU; `cpu`: gloo).
 
-    The constructor is collective: it returns once all `world_size` ranks have joined, or
-    raises `TransportError` after `timeout_s`. Every later broadcast has the same deadline.
+    The constructor is collective: it returns once all `world_size` ranks have joined (and
+    agree on the backend), or raises `TransportError` after `timeout_s`. Every later broadcast
+    has the same deadline. Workers build it with `broadcast_group_for`.
     """
 
     def __init__(
@@ -50,7 +64,7 @@ class BroadcastGroup:
         port: int,
         rank: int,
         world_size: int,
-        device: str = "cpu",
+        device: torch.device | str = "cpu",
         timeout_s: float = 600,
     ) -> None:
         if world_size < 2:
@@ -61,6 +75,12 @@ class BroadcastGroup:
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        self.backend: Backend = transport_backend(self.device)
+        if self.backend == "nccl" and not dist.is_nccl_available():
+            raise TransportError(
+                f"{self}: this torch build ({torch.__version__}) has no NCCL; "
+                "a CUDA worker needs torch's CUDA build"
+            )
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout_s = timeout_s
@@ -76,14 +96,18 @@ class BroadcastGroup:
                 timeout=timeout,
                 wait_for_workers=False,
             )
-            self._pg = self._make_backend(dist.PrefixStore(_STORE_PREFIX, self._store), timeout)
+            store = dist.PrefixStore(_STORE_PREFIX, self._store)
+            self._check_peers(store, timeout)
+            self._pg = self._make_backend(store, timeout)
+        except TransportError:
+            raise
         except (RuntimeError, OSError) as e:  # DistStoreError and DistNetworkError included
             raise TransportError(f"{self}: cannot form the group: {e}") from e
 
     def __repr__(self) -> str:
         return (
             f"BroadcastGroup(rank {self.rank}/{self.world_size}, "
-            f"{self.host}:{self.port}, {self.device})"
+            f"{self.host}:{self.port}, {self.device} over {self.backend})"
         )
 
     def send(
@@ -92,9 +116,11 @@ class BroadcastGroup:
         """Broadcast the stream to every receiver (rank 0 only), with each tensor's digest when
         `checksums`; return the bucket bytes sent. `packing`: `iter_buckets`'s keyword options.
 
-        Pipelined: bucket i is on the wire while bucket i+1 is packed; at most two buckets
-        are in flight (with a `staging` of fewer than two slots, one: a slot is only packed
-        again once its broadcast is done).
+        Buckets are packed on the group's device (a `staging` must be on it too): on CUDA the
+        weights are copied into GPU buckets and never visit the host. Pipelined: bucket i is on
+        the wire while bucket i+1 is packed; at most two buckets are in flight (with a
+        `staging` of fewer than two slots, one: a slot is only packed again once its broadcast
+        is done; on CUDA "done" is in stream order, the host does not wait).
         """
         if self.rank != 0:
             raise RuntimeError(f"{self}: only rank 0 sends")
@@ -102,7 +128,8 @@ class BroadcastGroup:
         depth = min(2, staging.slots) if staging is not None else 2
         in_flight: deque[list[tuple[Any, torch.Tensor]]] = deque()
         sent = 0
-        for flat, metas in iter_buckets(weights, bucket_bytes, checksums, **packing):
+        buckets = iter_buckets(weights, bucket_bytes, checksums, device=self.device, **packing)
+        for flat, metas in buckets:
             header = json.dumps([asdict(m) for m in metas]).encode()
             in_flight.append(
                 [
@@ -123,24 +150,31 @@ class BroadcastGroup:
     def receive(
         self, verify: bool = True, staging: Staging | None = None
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield the stream rank 0 sends, in order, until its end (receivers only).
+        """Yield the stream rank 0 sends, in order, until its end (receivers only), as tensors
+        on the group's device: on CUDA, views into a GPU bucket (never copied to the host).
 
-        With `staging` (CPU groups), buckets are received into its slots and the tensors are
-        views that a later bucket overwrites: a consumer that copies each tensor as it comes
-        (the engine's loaders do) saves an allocation per bucket; one that keeps them must not
-        pass `staging`. A thread receives ahead into the free slots: with two, the next bucket
-        arrives while the consumer copies out the current one.
+        With `staging` (on the group's device), buckets are received into its slots and the
+        tensors are views that a later bucket overwrites: a consumer that copies each tensor as
+        it comes (the engine's loaders do) saves an allocation per bucket; one that keeps them
+        must not pass `staging`. On the CPU a thread receives ahead into the free slots: with
+        two, the next bucket arrives while the consumer copies out the current one. On CUDA
+        no thread is needed: NCCL writes a slot on its own stream, after the consumer's copies
+        out of it (stream order).
 
         Raises `TransportError` if nothing arrives within the group's timeout or the sender
-        dies, and `TransportChecksumError` for a tensor whose bytes do not match its digest
-        (when the sender sent digests).
+        dies (on CUDA, NCCL's watchdog handles both), and `TransportChecksumError` for a tensor
+        whose bytes do not match its digest (when the sender sent digests).
         Consume it to the end: a receiver that stops early leaves the sender waiting until its
         timeout, and the group out of step.
         """
         if self.rank == 0:
             raise RuntimeError(f"{self}: rank 0 sends, it cannot receive")
-        if staging is None or self.device.type != "cpu":
-            buckets = self._buckets(lambda n: self._receive_buffer(n, torch.uint8))
+        if staging is not None and staging.device != self.device:
+            raise ValueError(f"{self}: the staging buffers are on {staging.device}")
+        if staging is None:
+            buckets = self._buckets(lambda n: self._receive_buffer(n, torch.uint8, on_host=False))
+        elif self.device.type == "cuda":
+            buckets = self._buckets(lambda n: self._broadcast_into(staging.take(n)))
         else:
             buckets = self._prefetched_buckets(staging)
         for index, (flat, metas) in enumerate(buckets):
@@ -172,9 +206,7 @@ class BroadcastGroup:
             while not free_slots.acquire(timeout=0.5):
                 if abandoned.is_set():
                     raise TransportError(f"{self}: the consumer stopped reading")
-            flat = staging.take(nbytes)
-            self._broadcast(flat)
-            return flat
+            return self._broadcast_into(staging.take(nbytes))
 
         def run() -> None:
             try:
@@ -209,12 +241,30 @@ class BroadcastGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_peers(self, store: dist.Store, timeout: timedelta) -> None:
+        """Wait (until `timeout`) for every rank to arrive, and check they all chose this
+        rank's backend: a gloo rank and an NCCL rank would otherwise hang each other."""
+        store.set(f"backend/{self.rank}", self.backend)
+        keys = [f"backend/{r}" for r in range(self.world_size)]
+        store.wait(keys, timeout)
+        chosen = {r: store.get(key).decode() for r, key in enumerate(keys)}
+        if set(chosen.values()) != {self.backend}:
+            raise TransportError(
+                f"{self}: the ranks chose different backends {chosen} (a worker on a GPU "
+                "and one on the CPU cannot share a broadcast group)"
+            )
+
     def _make_backend(self, store: dist.Store, timeout: timedelta) -> Any:
-        if self.device.type == "cuda":
+        if self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             options.is_high_priority_stream = False
-            return dist.ProcessGroupNCCL(store, self.rank, self.world_size, options)
+            # Made on, and connected for, this worker's GPU (as torch's `new_group(device_id=)`
+            # does): a failure to connect shows here, and no broadcast guesses its device.
+            with torch.cuda.device(self.device):
+                pg = dist.ProcessGroupNCCL(store, self.rank, self.world_size, options)
+                pg.eager_connect_single_device(self.device)
+            return pg
         # torch 2.13: the gloo options class is `_Options` at runtime (`Options` is the generic
         # Backend.Options there), while the type stubs only know `Options`.
         options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
@@ -224,11 +274,16 @@ class BroadcastGroup:
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address(self.host))]
         return dist.ProcessGroupGloo(store, self.rank, self.world_size, options)
 
-    def _receive_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """The next message from rank 0, on the CPU."""
-        buffer = torch.empty(numel, dtype=dtype, device=self.device)
+    def _receive_buffer(self, numel: int, dtype: torch.dtype, on_host: bool = True) -> torch.Tensor:
+        """The next message from rank 0: on the host (`on_host`, for the small control
+        messages) or where it arrived, on the group's device (buckets)."""
+        buffer = self._broadcast_into(torch.empty(numel, dtype=dtype, device=self.device))
+        return buffer.cpu() if on_host else buffer
+
+    def _broadcast_into(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Receive the next message into `buffer` (on the group's device); `buffer`."""
         self._broadcast(buffer)
-        return buffer.cpu()
+        return buffer
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast `tensor` from rank 0 (a CPU tensor is copied to the device first)."""
@@ -258,6 +313,16 @@ class BroadcastGroup:
             raise TransportError(f"{self}: broadcast failed (peer dead or timed out): {e}") from e
         finally:
             started.clear()
+
+
+def broadcast_group_for(
+    worker_device: torch.device, host: str, port: int, rank: int, world_size: int, timeout_s: float
+) -> BroadcastGroup:
+    """Join the group as a worker on `worker_device` does (collective): buckets on that GPU
+    over NCCL for a CUDA worker, on the CPU over gloo otherwise. The sender and the receivers
+    all join through here, so they choose by the same rule."""
+    device = transport_device(worker_device)
+    return BroadcastGroup(host, port, rank, world_size, device=device, timeout_s=timeout_s)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

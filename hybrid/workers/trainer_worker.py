@@ -26,7 +26,7 @@ from hybrid.dtypes import torch_dtype
 from hybrid.sharding.gather import iter_full_parameters
 from hybrid.transport.buckets import Staging
 from hybrid.transport.checkpoint import drop_versions_from, prune_versions, write_version
-from hybrid.transport.collective import BroadcastGroup, free_port
+from hybrid.transport.collective import BroadcastGroup, broadcast_group_for, free_port
 from hybrid.transport.memory import put_version
 from hybrid.workers.actor import ActorWorker
 
@@ -119,9 +119,14 @@ class TrainerWorker(ActorWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Rank 0 joins the broadcast group as its sender (rank 0 of world_size)."""
+        """Rank 0 joins the broadcast group as its sender (rank 0 of world_size), on its
+        device: NCCL from GPU buckets on a GPU, gloo from host buckets on the CPU."""
         if self.rank == 0:
-            self._broadcast = BroadcastGroup(host, port, 0, world_size, timeout_s=timeout_s)
+            self._broadcast = broadcast_group_for(
+                self.parallel.device, host, port, 0, world_size, timeout_s
+            )
+            # Buckets are packed where the group sends from (the GPU under NCCL).
+            self._staging = Staging(slots=2, device=self._broadcast.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def publish_to_broadcast(self, version: int, synchronizer: Any) -> float:

@@ -2,9 +2,11 @@
 
 `memory`: one actor puts a version into the object store, the test process and another actor
 read it back bit for bit. `collective`: three actors, each with a default gloo group of its own,
-form a BroadcastGroup over 127.0.0.1; rank 0 sends, the others receive the identical stream and
-their default groups still work afterwards (with fresh, reused and double-buffered bucket
-memory); a receiver whose sender never sends times out, one whose sender dies fails fast.
+join a BroadcastGroup over 127.0.0.1 as CPU workers do (`broadcast_group_for`: gloo, host
+buckets); rank 0 sends, the others receive the identical stream as CPU tensors and their
+default groups still work afterwards (with fresh, reused and double-buffered bucket memory); a
+receiver whose sender never sends times out, one whose sender dies fails fast.
+(tests/gpu/test_nccl_transport.py runs the same broadcast over NCCL between two GPUs.)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hybrid.transport import (
     BroadcastGroup,
     Staging,
     TransportError,
+    broadcast_group_for,
     free_port,
     get_version,
     put_version,
@@ -86,13 +89,18 @@ class Peer:
         return list(get_version(refs, version=1))
 
     def broadcast(self, port: int, rank: int, world_size: int, slots: int = 0) -> Any:
-        """Send or receive the stream; `slots` > 0: through a Staging of that many slots on
-        both sides (a receiver then copies each tensor as it arrives, as the loaders do)."""
+        """Send or receive the stream as a CPU worker joins (`broadcast_group_for`); `slots`
+        > 0: through a Staging of that many slots on both sides (a receiver then copies each
+        tensor as it arrives, as the loaders do)."""
         staging = Staging(slots) if slots else None
-        with BroadcastGroup(HOST, port, rank, world_size, timeout_s=60) as group:
+        cpu = torch.device("cpu")
+        with broadcast_group_for(cpu, HOST, port, rank, world_size, timeout_s=60) as group:
+            assert (group.device, group.backend) == (cpu, "gloo"), group
             if rank == 0:
                 return group.send(mixed_weights(), BUCKET_BYTES, staging=staging)
-            return [(name, t.clone()) for name, t in group.receive(staging=staging)]
+            received = [(name, t.clone()) for name, t in group.receive(staging=staging)]
+            assert {t.device for _, t in received} == {cpu}
+            return received
 
     def join_and_stay_silent(self, port: int, timeout_s: float) -> None:
         self.idle_group = BroadcastGroup(HOST, port, 0, 2, timeout_s=timeout_s)
