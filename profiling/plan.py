@@ -1,15 +1,24 @@
 """Will it fit? The memory planner on a trainer config, before any GPU is involved.
 
     python -m profiling.plan [--config-name NAME] [--model PRESET_OR_DIR] [--gpu-memory-gib F]
-        [--lora-rank R] [--suggest] [--json] [OVERRIDE ...]
+        [--gpu {h100,h200,a100}] [--nvls | --no-nvls] [--host-memory-gib F] [--lora-rank R]
+        [--suggest] [--json] [OVERRIDE ...]
 
 Composes configs/NAME.yaml with the Hydra overrides exactly like `python -m hybrid.main`
 (same typed config, same validation) but does not check that the data files exist, and
 prints hybrid.memory.planner's per-phase prediction for one worker: the phase table, the
-trainer-mode and rollout-mode components, the KV cache in tokens and FITS / DOES NOT FIT
-with the margin. `--suggest` adds the cheapest Hydra overrides that make it fit. Exit code 0
-whether it fits or not; 1 for bad input (unknown preset, missing model directory, invalid
-config).
+trainer-mode and rollout-mode components, the KV cache in tokens, the CUDA reserve (context,
+NCCL communicators, fragmentation), each node's host RAM and FITS / DOES NOT FIT with the
+margin (and a warning when the margin is within the reserve's uncertainty). `--suggest` adds
+the cheapest Hydra overrides that make it fit. Exit code 0 whether it fits or not; 1 for bad
+input (unknown preset, missing model directory, invalid config).
+
+The node: `--gpu` sets the GPU kind (an A100 gets vLLM's small batch defaults, 8192 tokens /
+256 sequences, and no NVLS); `--nvls` / `--no-nvls` say whether NCCL uses NVLink SHARP, which
+makes every communicator of more than two GPUs on a node larger (default: on with >= 8 CUDA
+workers per node on an H100 / H200; `--no-nvls` for NCCL_NVLS_ENABLE=0 or a node without
+NVSwitch); `--host-memory-gib` is each node's host RAM, checked against the plan's host peak
+(unchecked without it).
 
 LoRA is read from the config (`model.lora`, `sync.lora_mode`, `sync.layered_summon`).
 `--lora-rank R` (R > 0) is a shortcut for the override `model.lora.rank=R`, appended after the
@@ -19,6 +28,8 @@ model.lora fields back at their defaults.
 
 Examples: python -m profiling.plan --config-name qwen2_5_7b_gsm8k_8gpu --model Qwen2.5-7B
           python -m profiling.plan --config-name qwen2_5_7b_lora_gsm8k_8gpu --model Qwen2.5-7B
+          python -m profiling.plan --config-name qwen2_5_32b_gsm8k_2x8gpu --model Qwen2.5-32B
+              --host-memory-gib 1024 actor.hsdp_replicas=2   (one command line)
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid.memory.model_shape import known_presets
 from hybrid.memory.plan_format import format_plan, format_suggestions, to_json
 from hybrid.memory.planner import model_shape, plan_memory
+from hybrid.memory.reserve import DEFAULT_GPU, GPU_KINDS
 from hybrid.memory.suggest import suggest
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.schema import from_dict
@@ -96,6 +108,25 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (default: %(default)g)"
     )
     parser.add_argument(
+        "--gpu",
+        choices=GPU_KINDS,
+        default=DEFAULT_GPU,
+        help="the GPU kind: vLLM's batch defaults and NVLS depend on it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nvls",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether NCCL uses NVLink SHARP (--no-nvls: NCCL_NVLS_ENABLE=0 or no NVSwitch); "
+        "default: yes with >= 8 CUDA workers per node on an H100 / H200",
+    )
+    parser.add_argument(
+        "--host-memory-gib",
+        type=float,
+        default=None,
+        help="host RAM per node: checked against the plan's host peak (default: not checked)",
+    )
+    parser.add_argument(
         "--lora-rank",
         type=int,
         default=0,
@@ -111,6 +142,8 @@ def run(args: argparse.Namespace) -> str:
         raise InputError(f"--gpu-memory-gib must be > 0, got {args.gpu_memory_gib}")
     if args.lora_rank < 0:
         raise InputError(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    if args.host_memory_gib is not None and args.host_memory_gib <= 0:
+        raise InputError(f"--host-memory-gib must be > 0, got {args.host_memory_gib}")
     if not (CONFIG_DIR / f"{args.config_name}.yaml").is_file():
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
         raise InputError(f"--config-name: no {args.config_name}.yaml in {CONFIG_DIR} ({known})")
@@ -139,12 +172,14 @@ def run(args: argparse.Namespace) -> str:
             critic_shape = model_shape(config.critic.model.path)
         except ValueError as error:
             raise InputError(f"critic.model.path: {error}") from error
-    plan = plan_memory(config, shape, args.gpu_memory_gib, critic_shape=critic_shape)
+    node = {"gpu": args.gpu, "nvls": args.nvls, "host_memory_gib": args.host_memory_gib}
+    plan = plan_memory(config, shape, args.gpu_memory_gib, critic_shape=critic_shape, **node)
     suggestions = None
     if args.suggest:
+        found = suggest(config, shape, args.gpu_memory_gib, critic_shape=critic_shape, **node)
         suggestions = [
             dataclasses.replace(s, overrides=tuple(as_hydra_override(cfg, o) for o in s.overrides))
-            for s in suggest(config, shape, args.gpu_memory_gib, critic_shape=critic_shape)
+            for s in found
         ]
     if args.json:
         return to_json(plan, suggestions)

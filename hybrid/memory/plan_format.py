@@ -1,5 +1,6 @@
 """A memory plan for people and for scripts: the phase table, the steady states, the KV
-cache and the verdict as text (`format_plan`, `format_suggestions`), or all of it as JSON."""
+cache, the CUDA reserve, each node's host RAM and the verdict as text (`format_plan`,
+`format_suggestions`), or all of it as JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from hybrid.memory.planner import PhasePrediction, Plan
 from hybrid.memory.records import COMPONENTS, STEADY_PHASES
+from hybrid.memory.reserve import RESERVE_UNCERTAINTY
 from hybrid.memory.suggest import CHANGE_ORDER, Suggestion
 
 
@@ -26,12 +28,13 @@ def _top(phase: PhasePrediction, scale: float, count: int = 3) -> str:
 def format_plan(plan: Plan) -> str:
     """A readable report: the per-phase table, both steady states, the KV cache, the verdict."""
     unit, scale = _unit(plan)
-    reserve = f"a {plan.reserve_gib:g} GiB reserve" if plan.reserve_gib else "no reserve on CPU"
+    reserve = f"a {plan.reserve_gib:.2f} GiB reserve" if plan.reserve_gib else "no reserve on CPU"
     lora = f", LoRA rank {plan.lora_rank}" if plan.lora_rank else ""
+    device = f"cuda ({plan.gpu})" if plan.device == "cuda" else plan.device
     width = max(24, *(len(name) + 1 for name in plan.phases))
     lines = [
-        f"Memory plan: {plan.model} on {plan.device}{lora}, {plan.gpu_memory_gib:g} GiB per "
-        f"worker (budget {plan.budget_gib:g} GiB after {reserve})",
+        f"Memory plan: {plan.model} on {device}{lora}, {plan.gpu_memory_gib:g} GiB per "
+        f"worker (budget {plan.budget_gib:.2f} GiB after {reserve})",
         "",
         f"{'phase':<{width}}{'peak ' + unit:>9}  biggest contributors ({unit}; * = transient)",
     ]
@@ -51,19 +54,70 @@ def format_plan(plan: Plan) -> str:
         f"KV cache: {plan.kv_cache_gib:.2f} GiB = {plan.kv_tokens:,} tokens "
         f"({plan.kv_bytes_per_token:,} bytes per token); one rollout needs "
         f"{plan.kv_tokens_needed:,} tokens per engine",
+        *_reserve_lines(plan),
+        *_host_lines(plan),
         *(f"note: {note}" for note in plan.notes),
         "",
         f"{'FITS' if plan.fits else 'DOES NOT FIT'}: peak {plan.peak_gib:.2f} GiB at "
         f"{plan.peak_phase}, budget {plan.budget_gib:.2f} GiB, margin {plan.margin_gib:+.2f} GiB",
         *(f"  - {problem}" for problem in plan.problems),
+        *(f"warning: {warning}" for warning in plan.warnings),
     ]
     return "\n".join(lines)
+
+
+def _reserve_lines(plan: Plan) -> list[str]:
+    """The reserve's parts, one communicator a line, and its uncertainty (CUDA only)."""
+    r = plan.reserve
+    if not r.total_gib:
+        return []
+    nvls = "assumed" if r.nvls else "not assumed"
+    lines = [
+        "",
+        f"Reserve: {r.total_gib:.2f} GiB per worker = CUDA context {r.context_gib:.2f} + "
+        f"{len(r.communicators)} NCCL communicators {r.communicators_gib:.2f} + fragmentation "
+        f"{r.fragmentation_gib:.2f} (NVLS {nvls})",
+    ]
+    for c in r.communicators:
+        kind = "NVLS" if c.nvls else "ring/tree"
+        where = f"{c.ranks} ranks, {c.local_ranks} on the node"
+        lines.append(f"  {c.name:<16}{c.gib:>6.2f}  ({where}, {kind})")
+    share = f"{RESERVE_UNCERTAINTY:.0%} of the reserve"
+    why = f"what NVLS adds + {share} without it" if r.nvls else share
+    lines.append(
+        f"  uncertainty {r.uncertainty_gib:.2f} GiB ({why}; estimates to calibrate on a GPU)"
+    )
+    return lines
+
+
+def _host_lines(plan: Plan) -> list[str]:
+    """Host RAM per node: the steady parts, rank 0's node's moments, the verdict."""
+    lines = ["", f"Host RAM per node (GiB): {plan.host_steady_gib:.2f} in steady state"]
+    lines += [f"  {name:<24}{gib:>8.2f}" for name, gib in plan.host_gib.items()]
+    lines.append(
+        f"  rank 0's node: + {plan.host_startup_gib:.2f} at startup (the full state dict), "
+        f"+ {plan.host_export_gib:.2f} at the final export -> peak {plan.host_peak_gib:.2f}"
+    )
+    if plan.host_memory_gib is not None:
+        verdict = "fits" if plan.host_fits else "DOES NOT FIT"
+        spare = plan.host_memory_gib - plan.host_peak_gib
+        lines.append(
+            f"  host memory {plan.host_memory_gib:g} GiB per node: {verdict} "
+            f"(margin {spare:+.2f} GiB)"
+        )
+    return lines
 
 
 def format_suggestions(plan: Plan, suggestions: list[Suggestion]) -> str:
     """The proposals for `plan`'s config, as Hydra overrides with their predicted peak."""
     if plan.fits:
         return "Suggestions: none needed, the config fits."
+    if plan.host_fits is False:
+        return (
+            "Suggestions: none here for host RAM (every change this searches keeps or raises "
+            "it): turn offloads off (actor.param_offload, actor.optimizer_offload, "
+            "ref.param_offload), or use nodes with more RAM."
+        )
     if not suggestions:
         return (
             f"Suggestions: nothing fits. No combination of {', '.join(CHANGE_ORDER)} brings "

@@ -1,45 +1,59 @@
-"""The memory planner: what one worker's device holds at every phase of a GRPO step,
-predicted from the run's config and the model's shape, without a GPU.
+"""The memory planner: what one worker's device holds at every phase of a GRPO step, and
+what each node's host RAM holds, predicted from the run's config and the model's shape,
+without a GPU.
 
 `plan_memory(config, shape, gpu_memory_gib)` gives, for every boundary of
 hybrid.memory.records.STEP_PHASES, the components resident at the phase's peak (COMPONENTS
 names, so the memory report puts them next to the measured ones) and the transient bytes that
 make the peak. This module places them in the phases and judges the fit; what each of them
 weighs, and the derivation (LoRA included), is hybrid.memory.planner_sizes's.
+hybrid.memory.reserve sizes what is kept free outside the phases (CUDA context, NCCL
+communicators, fragmentation), hybrid.memory.host the host RAM per node;
 hybrid.memory.suggest searches the cheapest config changes that make an over-budget run fit;
 hybrid.memory.plan_format prints a plan. Per worker (one GPU), steady state (step >= 2:
 AdamW's state exists).
 
 actor.param_offload / actor.optimizer_offload / ref.param_offload park their tensors on the
 host outside the phases that use them, with trainer.use_gpu only (on CPU the moves are
-no-ops). On CUDA the engine sleeps (level 1) in trainer mode: weights to the host, KV cache
-dropped; on CPU both stay. The optimizer state is onloaded for the whole update
+no-ops). On CUDA the engine sleeps in trainer mode: its weights dropped (level 2; level 1, a
+pinned host copy, in LoRA adapter mode) and its KV cache too; on CPU both stay. The optimizer state is onloaded for the whole update
 (`trainer_phase("update", with_optimizer=True)`), so optimizer_offload lowers every
 phase but update/*. An offload phase's components are those before the move (its peak).
 With LoRA the reference forward runs on the actor (adapters disabled), and adapter mode's
 first sync (the base) is left out of the steady phases: a note gives its peak, and a problem
 is raised when it does not fit.
 
-Fits: every phase's peak <= gpu memory - 1.5 GiB (CUDA context ~0.5 GiB, NCCL buffers,
-allocator fragmentation; no reserve on CPU), the KV cache holds max_model_len tokens, and
-vLLM can start. The constants are estimates, to be calibrated with profiling.memory_report.
+Fits: every phase's peak <= gpu memory - the reserve (CUDA context 0.5 GiB + fragmentation
+0.5 GiB + 1.5 GiB per NCCL communicator with NVLS, 0.5 without; none on CPU), the KV cache
+holds max_model_len tokens, vLLM can start, and, given host_memory_gib, rank 0's node's host
+peak stays below it. A fit by less than the reserve's uncertainty gets a warning. The
+constants are estimates, to be calibrated with profiling.memory_report.
 
 Worked example: configs/qwen2_5_7b_gsm8k_8gpu.yaml (Qwen2.5-7B on 8 x 80 GiB, tp 2, S = 512 +
 1024, micro-batch 4, ref micro-batch 16, gradient checkpointing, every offload on):
   P = 7,615,616,512: 951,952,064 per rank = 3.55 GiB fp32 parameters, 3.55 GiB gradients,
   7.09 GiB AdamW state; vLLM weights 7.09 GiB per TP rank.
   Sync gather: layer 1.14 GiB (the 545M-element embedding, larger than a 233M layer), full
-  14.3 GiB; the sync peaks at 12.1 GiB (actor onloaded + engine weights + gather).
+  14.3 GiB; the sync peaks at 13.1 GiB (actor onloaded + engine weights + gather).
   Update backward (b = 4: 6,144 tokens, 4,096 scored; chunks of 1,024): checkpointed
   activations 1.27 GiB + 0.05 of scored hidden states and their gradient, the LM head's chunk
   buffers 1.45 GiB (1,024 x V x (4 + 4 + 2)), unsharded root + 2 layers 2.90 GiB, LM-head
-  gradient 1.02 GiB + its fp32 accumulator 2.03 GiB, + 14.5 GiB resident -> 23.3 GiB (30.2
+  gradient 1.02 GiB + its fp32 accumulator 2.03 GiB, + 15.5 GiB resident -> 24.3 GiB (31.2
   with model.log_prob_chunk_tokens=0: 10.4 GiB of full logits, 2 x 1.74 bf16 + 3 x 2.32
-  fp32). The reference forward (b = 16, 24,576 tokens) reaches 8.45 GiB, 3.42 of it a no-grad
-  layer's working set (30.7 with full logits, 25.5 of them).
-  KV: U = 0.6 x 80 = 48 GiB - 7.09 weights - 0.36 overhead - 2.90 sampler reserve = 37.6 GiB
-  = 1,409,856 tokens at 28 KiB per token, for 491,520 needed (320 sequences x 1,536).
-  Peak: rollout/generate, 47.5 GiB; fits with a 31.0 GiB margin (budget 78.5 GiB).
+  fp32). The reference forward (b = 16, 24,576 tokens) reaches 9.45 GiB, 3.42 of it a no-grad
+  layer's working set (31.7 with full logits, 25.5 of them).
+  KV: U = 0.6 x 80 = 48 GiB - 7.09 weights - 1.36 overhead (1 of it CUDA graphs) - 2.90
+  sampler reserve = 36.6 GiB = 1,372,400 tokens at 28 KiB per token, for 491,520 needed (320
+  sequences x 1,536).
+  Reserve: 0.5 context + 0.5 fragmentation + the default group and vLLM's world (8 GPUs on
+  the node: NVLS) 1.5 each + the rollout tp group, vLLM's tp group and its PyNccl (2 GPUs: no
+  NVLS) 0.5 each = 5.5 GiB, uncertain by 2.88 (2 x 1.0 for NVLS + 25% of 3.5).
+  Peak: rollout/generate, 47.5 GiB; fits with a 27.0 GiB margin (budget 74.5 GiB).
+  Host RAM per node (8 workers, pinned): actor 3.55 x 8 = 28.4 GiB, AdamW state 56.7,
+  reference 1.77 x 8 = 14.2, + 89.5 GiB of power-of-two rounding (an embedding or LM-head
+  shard of 19,008 x 3,584 fp32, 260 MiB, takes a 512 MiB block; a gate / up / down shard of
+  32.4 MiB a 64 MiB one) = 188.8 GiB on every node. Rank 0's node adds the fp32 state dict,
+  28.4 GiB, at startup and 42.6 (fp32 + its bf16 copy) at the final export: 231.3 GiB.
 
 Worked example, LoRA: configs/qwen2_5_7b_lora_gsm8k_8gpu.yaml (the same run with rank-32
 all-linear adapters, adapter sync, layered; actor and optimizer state kept on the device):
@@ -50,12 +64,16 @@ all-linear adapters, adapter sync, layered; actor and optimizer state kept on th
   base's embedding, 1.02 GiB; merge would gather 0.45 GiB and hold 1.07 GiB of merged copies
   and temporaries per layer).
   Update backward: its first layer's (activations 1.27 saved + 1.98 recomputed and gradients)
-  + unsharded 2.91 + 2.28 resident -> 8.46 GiB (23.3 with full fine-tuning). The reference
-  forward is the trainer-side peak at 8.58 GiB (the no-grad layer's 3.42, the actor's 1.81 in
+  + unsharded 2.91 + 3.28 resident -> 9.46 GiB (24.3 with full fine-tuning). The reference
+  forward is the trainer-side peak at 9.58 GiB (the no-grad layer's 3.42, the actor's 1.81 in
   place of the reference's 1.77).
-  KV: 48 GiB - 7.24 weights - 0.36 overhead - 2.90 sampler reserve = 37.5 GiB = 1,404,224
+  KV: 48 GiB - 7.24 weights - 1.36 overhead - 2.90 sampler reserve = 36.5 GiB = 1,366,768
   tokens. Peak: rollout/generate, 49.4 GiB (1.89 above full fine-tuning's: the actor and its
-  AdamW state stay on the device); fits with a 29.1 GiB margin.
+  AdamW state stay on the device); fits with a 25.1 GiB margin (the same 5.5 GiB reserve).
+  Host RAM per node: nothing offloaded, but the engine sleeps at level 1: its weights' pinned
+  backup, 7.24 x 8 = 57.9 GiB + 50.3 of rounding (a fused gate_up shard of 136 MB takes 256
+  MiB) = 108.2 GiB; rank 0's node + 14.5 at startup (bf16 base + fp32 adapters), + 14.2 at
+  the export (merged, bf16): 122.7 GiB.
 """
 
 from __future__ import annotations
@@ -65,17 +83,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hybrid.memory.critic_sizes import CriticSizes
+from hybrid.memory.host import HostMemory, host_memory
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, model_shape
 from hybrid.memory.planner_sizes import Bytes, WorkerSizes, lora_rank_of, lora_targets
 from hybrid.memory.records import COMPONENTS, GIB, step_phases
+from hybrid.memory.reserve import DEFAULT_GPU, GPU_KINDS, RESERVE_UNCERTAINTY, Reserve, cuda_reserve
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
 
 __all__ = ["ModelShape", "PhasePrediction", "Plan", "model_shape", "plan_memory"]
-
-RESERVE_GIB = 1.5
-"""Kept free on CUDA: CUDA context, NCCL buffers, allocator fragmentation."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +110,13 @@ class Plan:
     model: str
     device: str
     """"cuda" (trainer.use_gpu) or "cpu"."""
+    gpu: str
+    """The GPU kind planned for (hybrid.memory.reserve.GPU_KINDS)."""
     gpu_memory_gib: float
     reserve_gib: float
+    """Kept free on CUDA (0 on CPU): reserve.total_gib."""
+    reserve: Reserve
+    """Its parts: CUDA context, fragmentation, the NCCL communicators; its uncertainty."""
     budget_gib: float
     """gpu_memory_gib - reserve_gib: what every phase's peak must stay below."""
     lora_rank: int
@@ -110,10 +132,25 @@ class Plan:
     """Tokens one engine's KV cache holds (whole 16-token blocks)."""
     kv_tokens_needed: int
     """Tokens one rollout needs per engine to run all its sequences at once."""
+    host_gib: dict[str, float]
+    """Host RAM of every node in steady state, by hybrid.memory.host.HOST_PARTS name."""
+    host_steady_gib: float
+    host_startup_gib: float
+    """Rank 0's full state dict at startup, on rank 0's node beside the steady state."""
+    host_export_gib: float
+    """Rank 0's gathered state dict and its bf16 copy at the final export (0 without)."""
+    host_peak_gib: float
+    """Rank 0's node at its fullest: steady + max(startup, export)."""
+    host_memory_gib: float | None
+    """Host RAM per node given to the planner (None: not checked)."""
+    host_fits: bool | None
+    """host_peak_gib <= host_memory_gib (None when host_memory_gib is)."""
     fits: bool
     problems: tuple[str, ...]
     """Why it does not fit (empty when it fits)."""
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """Fits, but by less than the reserve's uncertainty (reserve.uncertainty_gib)."""
 
     @property
     def margin_gib(self) -> float:
@@ -240,30 +277,36 @@ def plan_memory(
     gpu_memory_gib: float,
     lora_rank: int = 0,
     critic_shape: ModelShape | None = None,
+    *,
+    gpu: str = DEFAULT_GPU,
+    nvls: bool | None = None,
+    host_memory_gib: float | None = None,
 ) -> Plan:
-    """Predicted memory of one worker at every phase of a step (see the module docstring).
+    """Predicted memory of one worker at every phase of a step, and of each node's host RAM
+    (see the module docstring).
 
     LoRA comes from config.model.lora; `lora_rank` > 0 overrides its rank (the same plan as
     the override model.lora.rank=R). With a critic (algorithm.adv_estimator=gae) its decoder
-    is `critic_shape`, by default the actor's `shape` (critic.model.path unset)."""
-    if gpu_memory_gib <= 0:
-        raise ValueError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib}")
+    is `critic_shape`, by default the actor's `shape` (critic.model.path unset).
+    `gpu`: the GPU kind (GPU_KINDS; an A100 gets vLLM's small batch defaults and no NVLS).
+    `nvls`: whether the node has NVLink SHARP, which makes NCCL communicators larger (None:
+    assumed with >= 8 CUDA workers per node on an H100 / H200; False for NCCL_NVLS_ENABLE=0).
+    `host_memory_gib`: host RAM per node; when given, a host peak above it is a problem."""
+    _check_node(gpu_memory_gib, gpu, host_memory_gib)
     rank = lora_rank_of(config, lora_rank)
-    w = WorkerSizes(config, shape, rank, gpu_memory_gib * GIB)
+    w = WorkerSizes(config, shape, rank, gpu_memory_gib * GIB, gpu)
     critic = CriticSizes(config, critic_shape or shape) if config.use_critic else None
-    phases = {}
-    for name, (resident, transient) in _phases(w, critic).items():
-        components, extra = _gib(resident), _gib(transient)
-        peak = sum(components.values()) + sum(extra.values())
-        phases[name] = PhasePrediction(peak, components, extra)
+    phases = _predict(w, critic)
     peak_phase = max(phases, key=lambda name: phases[name].peak_gib)
-    reserve = RESERVE_GIB if w.on_gpu else 0.0
-    budget = gpu_memory_gib - reserve
+    reserve = cuda_reserve(config, nvls, gpu)
+    budget = gpu_memory_gib - reserve.total_gib
     kv_bytes, per_token = w.kv_cache(), shape.kv_bytes_per_token(w.tp)
     kv_tokens = max(kv_bytes, 0) // per_token // 16 * 16
     seqs = min(w.sequences_per_engine(), w.vllm_limits()[1])
     problems = _problems(w, phases, budget, kv_bytes, kv_tokens)
-    notes = ["runtime (interpreter, libraries) is not predicted: 0 here"]
+    host = host_memory(w, critic)
+    problems += _host_problems(host, host_memory_gib)
+    notes = ["runtime (interpreter, libraries) is not predicted: 0 here, on the host too"]
     if rank:
         notes += _lora_notes(w, phases["sync/gather_load"], budget, problems)
     if 0 < kv_tokens < seqs * w.seq:
@@ -272,11 +315,14 @@ def plan_memory(
             f"per engine: about {kv_tokens // w.seq} of {seqs} sequences run at once, the rest "
             "queue"
         )
+    margin = budget - phases[peak_phase].peak_gib
     return Plan(
         model=shape.name,
         device="cuda" if w.on_gpu else "cpu",
+        gpu=gpu,
         gpu_memory_gib=gpu_memory_gib,
-        reserve_gib=reserve,
+        reserve_gib=reserve.total_gib,
+        reserve=reserve,
         budget_gib=budget,
         lora_rank=rank,
         phases=phases,
@@ -290,10 +336,63 @@ def plan_memory(
         kv_bytes_per_token=per_token,
         kv_tokens=kv_tokens,
         kv_tokens_needed=seqs * w.seq,
+        host_gib=host.parts_gib,
+        host_steady_gib=host.steady_gib,
+        host_startup_gib=host.startup_gib,
+        host_export_gib=host.export_gib,
+        host_peak_gib=host.peak_gib,
+        host_memory_gib=host_memory_gib,
+        host_fits=None if host_memory_gib is None else host.peak_gib <= host_memory_gib,
         fits=not problems,
         problems=tuple(problems),
         notes=tuple(notes),
+        warnings=_thin_margin(reserve, margin, phases[peak_phase].peak_gib, peak_phase),
     )
+
+
+def _check_node(gpu_memory_gib: float, gpu: str, host_memory_gib: float | None) -> None:
+    if gpu_memory_gib <= 0:
+        raise ValueError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib}")
+    if gpu not in GPU_KINDS:
+        raise ValueError(f"gpu must be one of {GPU_KINDS}, got {gpu!r}")
+    if host_memory_gib is not None and host_memory_gib <= 0:
+        raise ValueError(f"host_memory_gib must be > 0 (or None), got {host_memory_gib}")
+
+
+def _predict(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, PhasePrediction]:
+    """Every phase's components and transients in GiB, and its peak."""
+    phases = {}
+    for name, (resident, transient) in _phases(w, critic).items():
+        components, extra = _gib(resident), _gib(transient)
+        peak = sum(components.values()) + sum(extra.values())
+        phases[name] = PhasePrediction(peak, components, extra)
+    return phases
+
+
+def _thin_margin(reserve: Reserve, margin: float, peak: float, phase: str) -> tuple[str, ...]:
+    """A warning when the peak fits by less than the reserve's uncertainty."""
+    if not 0 <= margin < reserve.uncertainty_gib:
+        return ()
+    share = f"{RESERVE_UNCERTAINTY:.0%} of the reserve"
+    why = f"what NVLS adds + {share} without it" if reserve.nvls else share
+    return (
+        f"thin margin: the peak ({peak:.2f} GiB at {phase}) fits by {margin:.2f} GiB, less than "
+        f"the reserve's uncertainty ({reserve.uncertainty_gib:.2f} GiB: {why}); measure the "
+        "reserve on the GPU (torch.cuda.mem_get_info around the first collectives) before "
+        "relying on this fit",
+    )
+
+
+def _host_problems(host: HostMemory, host_memory_gib: float | None) -> list[str]:
+    if host_memory_gib is None or host.peak_gib <= host_memory_gib:
+        return []
+    moment = "in steady state"
+    if host.peak_gib > host.steady_gib:
+        moment = "at startup" if host.startup_gib >= host.export_gib else "at the final export"
+    return [
+        f"host RAM: rank 0's node peaks at {host.peak_gib:.1f} GiB {moment} (every node holds "
+        f"{host.steady_gib:.1f} GiB in steady state) > host_memory_gib {host_memory_gib:g}"
+    ]
 
 
 def _lora_notes(

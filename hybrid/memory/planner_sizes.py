@@ -77,12 +77,13 @@ KV cache: bytes per token = 2 (K, V) x L x max(1, kv_heads / tp) x head_dim x 2 
 rollout.kv_cache_memory_bytes set it is exactly that. Without (CUDA), vLLM requests
 U = gpu_memory_utilization x gpu memory and keeps KV = U - rollout_weights - engine_overhead
 - its profiled peak (the generation estimate at max_num_batched_tokens / max_num_seqs =
-16384 / 1024 on >= 70 GiB devices, 8192 / 256 below); it refuses to start unless U is free
-then (the actor's shards are already on the device). What the trainer leaves on the device
-in rollout mode comes on top of U. On CPU with the bytes null, vLLM's default utilisation 0.9
-applies to the given memory. A cache below rollout.max_model_len tokens does not fit (vLLM
-refuses to start). One rollout needs, per engine, (train_batch_size x tp / W) prompts x n
-sequences of S tokens, at most max_num_seqs of them at once; a smaller cache only queues.
+16384 / 1024 on >= 70 GiB GPUs other than the A100, 8192 / 256 otherwise); it refuses to
+start unless U is free then (the actor's shards are already on the device). What the trainer
+leaves on the device in rollout mode comes on top of U. On CPU with the bytes null, vLLM's
+default utilisation 0.9 applies to the given memory. A cache below rollout.max_model_len
+tokens does not fit (vLLM refuses to start). One rollout needs, per engine, (train_batch_size
+x tp / W) prompts x n sequences of S tokens, at most max_num_seqs of them at once; a smaller
+cache only queues.
 
 LoRA (model.lora; plan_memory's `lora_rank` > 0 overrides its rank): rank-r adapters A (r, in)
 and B (out, r) on the model.lora.target_modules among q,k,v,o,gate,up,down (all seven for
@@ -120,6 +121,7 @@ import torch
 from hybrid.dtypes import ComputeDtypes, Hardware, dtype_bytes
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, count, is_layer, layer_key
 from hybrid.memory.records import GIB
+from hybrid.memory.reserve import DEFAULT_GPU
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -248,6 +250,8 @@ class WorkerSizes:
     shape: ModelShape
     lora_rank: int
     gpu_bytes: float
+    gpu: str = DEFAULT_GPU
+    """The GPU kind (hybrid.memory.reserve.GPU_KINDS): vLLM's batch defaults depend on it."""
 
     @property
     def on_gpu(self) -> bool:
@@ -335,8 +339,10 @@ class WorkerSizes:
         return self.engine_bytes * (split + s.norm_params + slots)
 
     def vllm_limits(self) -> tuple[int, int]:
-        """vLLM's offline (max_num_batched_tokens, max_num_seqs) for a device this big."""
-        return (16384, 1024) if self.gpu_bytes >= 70 * GIB else (8192, 256)
+        """vLLM's offline (max_num_batched_tokens, max_num_seqs) for this device (its
+        EngineArgs.get_batch_defaults: an A100 gets the small ones whatever its memory)."""
+        large = self.gpu_bytes >= 70 * GIB and "a100" not in self.gpu
+        return (16384, 1024) if large else (8192, 256)
 
     def engine_overhead(self) -> int:
         if not self.on_gpu:

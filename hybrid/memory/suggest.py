@@ -6,7 +6,9 @@ kept only if no subset of it already fits, and sets are ranked by size, then by 
 their costliest change. LoRA comes from the config (or the `lora_rank` override, as in
 `plan_memory`): the reference's changes drop out (there is none), and `sync.layered_summon`
 joins for the merge mode. A pass with use_dynamic_bsz gets its token budget halved (down to
-the longest row, S) instead of its micro_batch_size.
+the longest row, S) instead of its micro_batch_size. The node (`gpu`, `nvls`,
+`host_memory_gib`) is planned as `plan_memory` does; no change here lowers host RAM (every
+offload raises it), so a config whose host RAM does not fit gets no suggestion.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hybrid.memory.model_shape import ModelShape
 from hybrid.memory.planner import Plan, plan_memory
 from hybrid.memory.planner_sizes import lora_rank_of
+from hybrid.memory.reserve import DEFAULT_GPU
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -135,6 +138,10 @@ def suggest(
     lora_rank: int = 0,
     limit: int = 5,
     critic_shape: ModelShape | None = None,
+    *,
+    gpu: str = DEFAULT_GPU,
+    nvls: bool | None = None,
+    host_memory_gib: float | None = None,
 ) -> list[Suggestion]:
     """The smallest sets of changes (CHANGE_ORDER) that make `config` fit, ranked by the
     number of changes, then by cost (the costliest change of each set compared first).
@@ -143,10 +150,17 @@ def suggest(
     (halving), the largest gpu_memory_utilization on a 0.05 grid (usually below the current
     one; above it when vLLM's share cannot hold its weights and a KV cache). A set containing
     a fitting set is left out. Empty when the config already fits, or nothing here does.
-    `critic_shape`: as in plan_memory.
+    `critic_shape`, `gpu`, `nvls`, `host_memory_gib`: as in plan_memory.
     """
-    plan = functools.partial(plan_memory, critic_shape=critic_shape)
-    if plan(config, shape, gpu_memory_gib, lora_rank).fits:
+    plan = functools.partial(
+        plan_memory,
+        critic_shape=critic_shape,
+        gpu=gpu,
+        nvls=nvls,
+        host_memory_gib=host_memory_gib,
+    )
+    base = plan(config, shape, gpu_memory_gib, lora_rank)
+    if base.fits or base.host_fits is False:  # no change here lowers host RAM
         return []
     rank = lora_rank_of(config, lora_rank)
     options = {k: v for k in CHANGE_ORDER if (v := _values(config, shape, k, rank))}
