@@ -63,9 +63,10 @@ FORBIDDEN = {
     },
     "explorer": {"trainer", "synchronizer"},
 }
-# Only these may import the trainer (the entry point; the memory planner reads its config
-# type for annotations only).
-TRAINER_IMPORTERS = {"main.py", "trainer", "memory"}
+# Only these may import the trainer (the entry points: main.py, and the doctor, which composes
+# and judges a run's config before anything starts; the memory planner reads its config type
+# for annotations only).
+TRAINER_IMPORTERS = {"main.py", "trainer", "memory", "doctor"}
 
 
 def layer_of(path: Path) -> str:
