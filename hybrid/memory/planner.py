@@ -391,7 +391,7 @@ def _host_problems(host: HostMemory, host_memory_gib: float | None) -> list[str]
         moment = "at startup" if host.startup_gib >= host.export_gib else "at the final export"
     return [
         f"host RAM: rank 0's node peaks at {host.peak_gib:.1f} GiB {moment} (every node holds "
-        f"{host.steady_gib:.1f} GiB in steady state) > host_memory_gib {host_memory_gib:g}"
+        f"{host.steady_gib:.1f} GiB in steady state) > {host_memory_gib:.1f} GiB of host RAM (--host-memory-gib)"
     ]
 
 
