@@ -12,25 +12,22 @@ vLLM, Ray and library logs go to <output_dir>/logs/ unless trainer.verbose=true
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from hybrid.trainer.compose import CONFIG_DIR as CONFIG_PATH
+from hybrid.trainer.compose import to_run_config
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
 from hybrid.trainer.fully_async import FullyAsyncTrainer
 from hybrid.trainer.grpo import GRPOTrainer
-from hybrid.trainer.schema import from_dict
 from hybrid.trainer.split import SplitTrainer
 
 
 def build_config(cfg: DictConfig) -> TrainerRunConfig:
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
-    config = from_dict(TrainerRunConfig, data)
+    config = to_run_config(cfg)
     # A fresh checkout has no outputs/demo: the default run builds its own model and data.
     built = build_missing_demo_assets(config)
     if built:
@@ -50,7 +47,7 @@ def make_trainer(config: TrainerRunConfig) -> GRPOTrainer:
 
 # Absolute: Hydra resolves a relative config_path as a package (`pkg://configs`) when the
 # caller is imported rather than run as a file, which the console script hybrid-train does.
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+CONFIG_DIR = str(CONFIG_PATH)
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")

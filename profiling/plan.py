@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -46,34 +45,15 @@ from hybrid.memory.plan_format import format_plan, format_suggestions, to_json
 from hybrid.memory.planner import model_shape, plan_memory
 from hybrid.memory.reserve import DEFAULT_GPU, GPU_KINDS
 from hybrid.memory.suggest import suggest
+from hybrid.trainer.compose import CONFIG_DIR, compose, config_names, to_run_config
 from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.schema import from_dict
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 UNSET = "???"
 _ABSENT = object()
 
 
 class InputError(ValueError):
     """Bad command-line input; the message names the option."""
-
-
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """configs/NAME.yaml with Hydra overrides, composed as `python -m hybrid.main` does."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=overrides)
-
-
-def to_run_config(cfg: DictConfig) -> TrainerRunConfig:
-    """The typed config, like hybrid.main.build_config but without checking that the data
-    files exist; an unset `model.path: ???` stays the string "???"."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
-    return from_dict(TrainerRunConfig, data)
 
 
 def compose_config(config_name: str, overrides: list[str]) -> TrainerRunConfig:
@@ -145,7 +125,7 @@ def run(args: argparse.Namespace) -> str:
     if args.host_memory_gib is not None and args.host_memory_gib <= 0:
         raise InputError(f"--host-memory-gib must be > 0, got {args.host_memory_gib}")
     if not (CONFIG_DIR / f"{args.config_name}.yaml").is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        known = config_names()
         raise InputError(f"--config-name: no {args.config_name}.yaml in {CONFIG_DIR} ({known})")
     overrides = list(args.overrides)
     try:

@@ -2,8 +2,7 @@
 
 `compose_config` composes configs/NAME.yaml with Hydra overrides exactly as `python -m
 hybrid.main` does (same typed tree, same validation), without checking that the data files
-exist (the doctor reports them instead). profiling/plan.py does the same for the planner's
-CLI; hybrid does not import profiling, hence this copy.
+exist (the doctor reports them instead): hybrid.trainer.compose, as the planner's CLI does.
 
 The model shape (`choose_shape`), first that applies:
   1. --model: a preset of hybrid.memory.model_shape.known_presets() or a model directory;
@@ -24,21 +23,17 @@ from typing import TYPE_CHECKING
 
 from hybrid.doctor.facts import InputFacts
 from hybrid.memory.model_shape import ModelShape, known_presets, model_shape
+from hybrid.trainer.compose import CONFIG_DIR, compose, config_names, to_run_config
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 UNSET = "???"
 DEMO_SHAPE = "tiny"
 
 
 class InputError(ValueError):
     """Bad command-line input; the message names the option or the override."""
-
-
-def config_names() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
 def compose_config(config_name: str, overrides: list[str]) -> TrainerRunConfig:
@@ -48,19 +43,8 @@ def compose_config(config_name: str, overrides: list[str]) -> TrainerRunConfig:
             f"--config-name: no {config_name}.yaml in {CONFIG_DIR} (known: "
             f"{', '.join(config_names())})"
         )
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from hybrid.trainer.config import TrainerRunConfig
-    from hybrid.trainer.schema import from_dict
-
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name=config_name, overrides=overrides)
-        data = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(data, dict)
-        data.pop("hydra", None)
-        return from_dict(TrainerRunConfig, data)
+        return to_run_config(compose(config_name, overrides))
     except Exception as error:  # Hydra's override errors and our ValueErrors alike
         raise InputError(f"config {config_name} with overrides {overrides}: {error}") from error
 

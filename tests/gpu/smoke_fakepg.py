@@ -19,7 +19,7 @@ layers, 28 heads, 4 KV heads, MLP 18944; the tiny tokenizer's vocabulary unless
   `sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])`: packs up to 1024 tokens take a
   dense block mask with `enable_gqa`; rejected means it falls to the math kernel.
 
-    timeout 540 python3 tests/gpu/smoke_fakepg.py --world 8 --shape qwen2.5-7b --out out
+    timeout 540 python3 tests/gpu/smoke_fakepg.py --world 8 --shape qwen2.5-7b --vocab-size 152064 --out out
     python tests/gpu/smoke_fakepg.py --out /tmp/smoke --device cpu     # logic check, tiny
 
 Writes <out>/smoke_fakepg.json, <out>/smoke_fakepg.log and <out>/fakepg_ledger.json;
