@@ -70,6 +70,9 @@ def _entry(
         mesh = init_device_mesh("cpu", (WORLD_SIZE,), mesh_dim_names=("fsdp",))
         result = fn(rank, mesh, *args)
         torch.save(result, out_dir / f"result_rank{rank}.pt")
+        # Leave together: a rank that tears gloo down while its peer is still inside the last
+        # collective's teardown can take the peer down with std::terminate (a rare abort).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
