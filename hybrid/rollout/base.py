@@ -1,14 +1,20 @@
-"""The RolloutEngine protocol: what the mode switch and the worker need from an engine.
+"""The RolloutEngine protocol: everything the rollout host, the mode switch and the loaders
+need from an engine; nobody reaches past it (no `engine.llm`), so a second engine (the
+deterministic `ToyEngine` of the driver tests) plugs in behind the same calls.
 
-Four verbs keep the driver loop and the mode switch identical on CPU and GPU: `generate`,
-`load_weights` (streamed, in place), `release` (free the KV cache, and weights where the
-engine can) and `resume` (bring back what `release` freed, by tag).
+The verbs: `generate` and `score` (whole batches); `submit` / `step` / `abort` /
+`has_unfinished` (request by request, for partial rollouts); `load_weights` (streamed, in
+place), `load_adapter`, `after_load` and `reset_prefix_cache` (after a sync); `release` (free
+the KV cache, and weights where the engine can) and `resume` (bring back what `release` freed,
+by tag); `shutdown`. `model`, `weight_layout` and `quantization` describe the engine's own
+module for the in-place loaders and the checksum.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
@@ -40,7 +46,30 @@ class Continuation:
     seed: int | None = None
 
 
+WeightLayout = Literal["packed", "plain"]
+"""How the engine stores its linear weights. packed: repacked into kernel-private buffers with
+an empty `.weight` left behind (vLLM's CPU backend with oneDNN: AVX-512 CPUs in bf16 and fp32);
+only a reload, which repacks again, can update them. plain: ordinary tensors that can be
+written in place (CUDA, AVX2-only CPUs, CPU dtypes oneDNN does not take)."""
+
+
 class RolloutEngine(Protocol):
+    @property
+    def model(self) -> torch.nn.Module:
+        """The engine's torch module in this process (by reference): what the direct loader
+        writes into and the checksum reads."""
+        ...
+
+    @property
+    def weight_layout(self) -> WeightLayout:
+        """Packed or plain linear weights: decides which sync strategies apply."""
+        ...
+
+    @property
+    def quantization(self) -> str | None:
+        """The quantization method the checkpoint was loaded with (None: unquantized)."""
+        ...
+
     def generate(
         self,
         prompts: Sequence[list[int]],
@@ -53,12 +82,46 @@ class RolloutEngine(Protocol):
         `max_tokens` per prompt (default: the response length for all)."""
         ...
 
-    def score(self, sequences: Sequence[list[int]]) -> list[list[float]]:
-        """Log-prob of every token of each sequence given its prefix (len - 1 values)."""
+    def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
+        """Log-prob of every token of each sequence given its prefix (len - 1 values);
+        `with_adapter=False` scores the base model under a LoRA adapter."""
+        ...
+
+    def submit(self, request_id: str, request: Continuation) -> None:
+        """Queue one sample's request; `step` advances it."""
+        ...
+
+    def step(self) -> list[tuple[str, GeneratedSample, bool]]:
+        """One engine step: (request id, the tokens it added, finished) per request that
+        produced output."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Some submitted request is neither finished nor aborted."""
+        ...
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop submitted requests (their outputs so far were already returned by `step`)."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named full tensors into the engine, in place."""
+        ...
+
+    def load_adapter(self, path: Path) -> None:
+        """Use the peft adapter at `path` for every request from now on."""
+        ...
+
+    def after_load(self) -> None:
+        """Invalidate what was computed from the old weights (after an in-place write)."""
+        ...
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes (their KV was computed by older weights)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Free the engine before the process group goes away."""
         ...
 
     def release(self) -> None:

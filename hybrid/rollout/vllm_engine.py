@@ -12,13 +12,13 @@ import os
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from hybrid.dtypes import Dtype
 from hybrid.memory.model_shape import model_shape
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, WeightLayout
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engine_args import (
     EngineSite,
@@ -35,12 +35,6 @@ from hybrid.rollout.vllm_compat import (
     refresh_tied_lm_head,
     remove_shm_segment,
 )
-
-WeightLayout = Literal["packed", "plain"]
-"""How the engine stores its linear weights. packed: repacked into kernel-private buffers with
-an empty `.weight` left behind (vLLM's CPU backend with oneDNN: AVX-512 CPUs in bf16 and fp32);
-only a reload, which repacks again, can update them. plain: ordinary tensors that can be
-written in place (CUDA, AVX2-only CPUs, CPU dtypes oneDNN does not take)."""
 
 
 def weight_layout(model: torch.nn.Module) -> WeightLayout:
@@ -248,6 +242,9 @@ class VllmEngine:
         """Invalidate what was computed from the old weights."""
         if self.weight_layout == "packed":
             refresh_tied_lm_head(self.model)
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
     def release(self) -> None:

@@ -40,7 +40,7 @@ from hybrid.trainer.config import TrainerRunConfig, sync_policy
 from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
 from hybrid.trainer.grpo import GRPOTrainer, masked_stats
 from hybrid.trainer.metrics import Sinks, reduce_over_ranks
-from hybrid.trainer.split_loops import SyncSides, WeightChannel
+from hybrid.trainer.weight_sync import SyncSides, WeightChannel
 from hybrid.workers.critic import CriticWorker
 from hybrid.workers.ref import ReferenceWorker
 from hybrid.workers.trainer_worker import TrainerWorker
