@@ -20,7 +20,7 @@ python examples/data/gsm8k.py --output-dir "$DATA"
 exec python -m hybrid.main --config-name qwen2_5_7b_gsm8k_8gpu \
   model.path="$MODEL" \
   data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" \
-  trainer.placement=split trainer.num_explorer_workers=4 trainer.num_trainer_workers=4 \
+  trainer.mode=split trainer.num_explorer_workers=4 trainer.num_trainer_workers=4 \
   rollout.gpu_memory_utilization=0.85 actor.param_offload=false actor.optimizer_offload=false \
   ref.param_offload=false trainer.val_before_train=false \
   sync.method=nccl sync.style=fixed sync.interval=1 sync.offset=1 sync.max_staleness=1 \

@@ -21,9 +21,7 @@ from hybrid.trainer.compose import to_run_config
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
-from hybrid.trainer.fully_async import FullyAsyncTrainer
-from hybrid.trainer.grpo import GRPOTrainer
-from hybrid.trainer.split import SplitTrainer
+from hybrid.trainer.loop import Driver
 
 
 def build_config(cfg: DictConfig) -> TrainerRunConfig:
@@ -34,15 +32,6 @@ def build_config(cfg: DictConfig) -> TrainerRunConfig:
         print(demo_notice(built), flush=True)
     config.check_paths()
     return config
-
-
-def make_trainer(config: TrainerRunConfig) -> GRPOTrainer:
-    """The driver of the configured mode: colocated, split, or fully async."""
-    if config.fully_async.enable:
-        return FullyAsyncTrainer(config)
-    if config.trainer.split:
-        return SplitTrainer(config)
-    return GRPOTrainer(config)
 
 
 # Absolute: Hydra resolves a relative config_path as a package (`pkg://configs`) when the
@@ -56,9 +45,9 @@ def main(cfg: DictConfig) -> None:
     out, verbose = config.trainer.output_dir, config.trainer.verbose
     configure_logging(verbose, run_log_dir(out, verbose))
     started = time.monotonic()
-    trainer = make_trainer(config)
-    final = trainer.fit()
-    print_lines(final_summary(trainer.reward_history, time.monotonic() - started, final, out))
+    driver = Driver(config)  # every trainer.mode: hybrid/trainer/loop.py
+    final = driver.fit()
+    print_lines(final_summary(driver.reward_history, time.monotonic() - started, final, out))
 
 
 def cli() -> None:

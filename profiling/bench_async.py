@@ -43,10 +43,10 @@ from bench_step import run as run_any
 from hybrid.data import write_rows
 from hybrid.models import TinyModelConfig, build_tiny_model
 
-FULLY_ASYNC = ["trainer.placement=split", "fully_async.enable=true", "sync.method=memory"]
+FULLY_ASYNC = ["trainer.mode=fully_async", "sync.method=memory"]
 MODES = {
     "colocated": ["trainer.num_workers=2"],
-    "split_on_policy": ["trainer.placement=split", "sync.method=memory", "sync.offset=0"],
+    "split_on_policy": ["trainer.mode=split", "sync.method=memory", "sync.offset=0"],
     "async_plan1": [*FULLY_ASYNC, "fully_async.partial_rollout=false"],
     "async_plan2": [*FULLY_ASYNC, "fully_async.partial_rollout=true"],
 }

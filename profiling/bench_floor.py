@@ -51,11 +51,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step import compose_run, prepare
 
-from hybrid.data import Batch
 from hybrid.dtypes import Hardware, torch_dtype
 from hybrid.rollout.engine_args import EngineSite, enforce_eager, kv_cache_bytes
 from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.trainer.loop import Driver
 from hybrid.workers.attention import flash_attn_installed, resolve_attn_implementation
 from hybrid.workers.sequences import unpad_prompts
 
@@ -261,26 +260,20 @@ def _floor_process(
         pipe.send(error)
 
 
-class PromptRecordingTrainer(GRPOTrainer):
-    """The trainer, keeping the prompt batch (and its sampling seeds) of its last step, so that
-    the floor generates exactly the same requests."""
-
-    def seeded_prompts(self, step: int) -> Batch:
-        self.last_prompts = super().seeded_prompts(step)
-        return self.last_prompts
-
-
 def run_round(config: TrainerRunConfig, floors: Floors, steps: int) -> list[dict[str, float]]:
     """`steps` trainer steps, each followed by one floor step on the same prompts and seeds;
     per step both timings."""
-    trainer = PromptRecordingTrainer(config)
-    trainer.start_workers()
+    driver = Driver(config)
+    driver.start()
     measured = []
     try:
         for step in range(1, steps + 1):
-            trainer.step = step
-            ours = trainer.train_step()
-            t = trainer.last_prompts.tensors
+            driver.step = step
+            ours = driver.train_one_step()
+            # The prompt batch (and its sampling seeds) the step drew: the floor generates
+            # exactly the same requests.
+            assert driver.feed.last is not None
+            t = driver.feed.last.tensors
             prompts = unpad_prompts(t["input_ids"], t["attention_mask"])
             measured.append(
                 {
@@ -295,7 +288,7 @@ def run_round(config: TrainerRunConfig, floors: Floors, steps: int) -> list[dict
                 }
             )
     finally:
-        trainer.stop_workers()
+        driver.workers.stop()
     return measured
 
 

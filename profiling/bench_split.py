@@ -46,8 +46,8 @@ only hide the shorter of the two (the demo's 4-token answers make generation a f
 step, and the overlap could then win at most ~1.2x)."""
 VARIANTS = {
     "colocated": ["trainer.num_workers=2"],
-    "split_on_policy": ["trainer.placement=split", "sync.offset=0"],
-    "split_one_step_off": ["trainer.placement=split", "sync.offset=1"],
+    "split_on_policy": ["trainer.mode=split", "sync.offset=0"],
+    "split_one_step_off": ["trainer.mode=split", "sync.offset=1"],
 }
 TRANSPORTS = ("nccl", "memory", "checkpoint")
 WARM_SYNCS = 2
@@ -172,7 +172,7 @@ def sync_costs(
         f"colocated in-process sync (gather + load into vLLM) {colocated:.3f} s"
     )
     for method in transports:
-        overrides = ["trainer.placement=split", f"sync.method={method}", *engine]
+        overrides = ["trainer.mode=split", f"sync.method={method}", *engine]
         rows = run(root, f"sync_{method}", steps, overrides)[WARM_SYNCS:]
         per_sync = [
             # nccl's two halves run at once (the explorer receives while the trainer sends).

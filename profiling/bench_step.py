@@ -39,8 +39,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from hybrid.dtypes import Hardware
-from hybrid.main import build_config, make_trainer
+from hybrid.main import build_config
 from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.loop import Driver
 
 REPO = Path(__file__).resolve().parents[1]
 # The trainer-side speed-ups off: what a step cost before them.
@@ -82,7 +83,7 @@ def compose_run(root: Path, name: str, steps: int, overrides: list[str]) -> Trai
 def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
     """Train `steps` steps (either placement); every step's metrics."""
     config = compose_run(root, name, steps, overrides)
-    make_trainer(config).fit()
+    Driver(config).fit()
     lines = (root / name / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 

@@ -1,7 +1,7 @@
 """SyncConfig: how the actor's weights reach the rollout engine.
 
 The first group of fields serves every placement (how tensors are gathered and loaded); the
-second only `trainer.placement=split`, where the weights travel from the trainer workers to
+second only `trainer.mode=split`, where the weights travel from the trainer workers to
 the explorer workers by a transport, on a schedule (the style), under a staleness bound.
 """
 

@@ -27,9 +27,24 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name=config_name, overrides=overrides)
 
 
+REPLACED_KEYS = {
+    ("trainer", "placement"): "trainer.mode=colocated|split|fully_async",
+    ("fully_async", "enable"): "trainer.mode=fully_async",
+}
+"""Keys of earlier releases and what replaces them (named in the error, not silently mapped)."""
+
+
+def check_replaced_keys(data: dict) -> None:
+    for (group, key), instead in REPLACED_KEYS.items():
+        section = data.get(group)
+        if isinstance(section, dict) and key in section:
+            raise ValueError(f"{group}.{key} was replaced: set {instead} instead")
+
+
 def to_run_config(cfg: DictConfig) -> TrainerRunConfig:
     """The typed, validated config tree of a composed config."""
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     data.pop("hydra", None)
+    check_replaced_keys(data)
     return from_dict(TrainerRunConfig, data)

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from hybrid.models import Architecture, TinyModelConfig, build_tiny_model
 from hybrid.models.tiny import WEIGHTS_NAME
-from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -146,7 +146,7 @@ def test_one_grpo_step(
         *SYNC[sync],
     )
     start = time.perf_counter()
-    trainer = GRPOTrainer(config)
+    trainer = Driver(config)
     trainer.fit()
     elapsed = time.perf_counter() - start
     facts = trainer.worker_facts

@@ -1,4 +1,4 @@
-"""fully_async.enable end to end: the staleness bounds held over whole runs, syncs forced into
+"""trainer.mode=fully_async end to end: the staleness bounds held over whole runs, syncs forced into
 the middle of generations (partial rollouts), and a Rollouter slower than the trainer.
 
 Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
@@ -42,8 +42,7 @@ def run_async(assets: Path, out: Path, steps: int, *extra: str) -> tuple[list[di
         assets,
         out,
         f"trainer.total_steps={steps}",
-        "trainer.placement=split",
-        "fully_async.enable=true",
+        "trainer.mode=fully_async",
         "sync.timeout_s=60",
         f"sync.checkpoint_dir={out / 'weights'}",
         *extra,

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.memory.records import STEADY_PHASES, read_records, step_phases
-from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.trainer.loop import Driver
 from profiling import memory_report
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
@@ -53,7 +53,7 @@ def three_step_run(
     """One 3-step run (KL loss on: every phase of a step is recorded), shared by the tests
     that read its output directory."""
     out = tmp_path_factory.mktemp("three_steps") / "run"
-    GRPOTrainer(make_config(assets, out, "trainer.total_steps=3", "trainer.test_freq=3")).fit()
+    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.test_freq=3")).fit()
     return out
 
 
@@ -117,13 +117,13 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    GRPOTrainer(
+    Driver(
         make_config(assets, straight, "trainer.total_steps=3", "trainer.export_hf=false")
     ).fit()
-    GRPOTrainer(
+    Driver(
         make_config(assets, interrupted, "trainer.total_steps=2", "trainer.export_hf=false")
     ).fit()
-    GRPOTrainer(
+    Driver(
         make_config(assets, interrupted, "trainer.total_steps=3", "trainer.export_hf=false")
     ).fit()
     expected, resumed = read_metrics(straight), read_metrics(interrupted)
@@ -160,7 +160,7 @@ def test_packing_and_token_budgets_keep_the_first_step(
             assets, out, "trainer.total_steps=1", "trainer.export_hf=false", *overrides
         )
         assert not config.on_policy_update  # 2 mini-batches: the old-log-prob pass runs
-        GRPOTrainer(config).fit()
+        Driver(config).fit()
         first[name] = read_metrics(out)[0]
     padded = first["padded"]
     exact = [k for k in padded if k.startswith(("reward/", "response_length/"))]
@@ -185,7 +185,7 @@ def test_an_on_policy_step_skips_the_old_log_prob_pass(
         "algorithm.ppo_mini_batch_size=4",  # one mini-batch: on-policy
     )  # fmt: skip
     assert config.on_policy_update
-    GRPOTrainer(config).fit()
+    Driver(config).fit()
     metrics = read_metrics(tmp_path)[0]
     assert metrics["timing_s/old_log_prob"] == 0.0  # no worker ran the pass
     assert metrics["actor/pg_clipfrac"] == 0.0  # the ratio is exactly 1
@@ -211,7 +211,7 @@ def test_bad_inputs_fail_before_workers_start(assets: Path, tmp_path: Path) -> N
         json.dumps({"data_source": "arithmetic", "reward_model": {"ground_truth": "1"}}) + "\n"
     )
     with pytest.raises(ValueError, match=r"no_prompt\.jsonl: row 0: .*'prompt'"):
-        GRPOTrainer(make_config(assets, tmp_path, f"data.train_files=[{no_prompt}]"))
+        Driver(make_config(assets, tmp_path, f"data.train_files=[{no_prompt}]"))
     unknown = tmp_path / "unknown.jsonl"
     row = {
         "prompt": [{"role": "user", "content": "1+1="}],
@@ -222,7 +222,7 @@ def test_bad_inputs_fail_before_workers_start(assets: Path, tmp_path: Path) -> N
     with pytest.raises(
         ValueError, match=r"unknown\.jsonl:.*data_source 'poetry' has no built-in reward"
     ):
-        GRPOTrainer(
+        Driver(
             make_config(
                 assets,
                 tmp_path,

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybrid.memory.records import read_records
 from hybrid.sharding.lora_files import ADAPTER_WEIGHTS
 from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.grpo import GRPOTrainer
+from hybrid.trainer.loop import Driver
 from hybrid.workers.lora import LORA_ADAPTER_DIR
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
@@ -73,7 +73,7 @@ def lora_config(assets: Path, out: Path, steps: int, *overrides: str) -> Trainer
 def lora_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     assets = write_assets(tmp_path_factory.mktemp("lora"))
     out = assets / "run"
-    GRPOTrainer(lora_config(assets, out, STEPS)).fit()
+    Driver(lora_config(assets, out, STEPS)).fit()
     return assets, out
 
 
@@ -159,7 +159,7 @@ def test_lora_run_with_an_fp16_engine_takes_the_direct_sync_where_weights_are_pl
     plain."""
     assets, _ = lora_run
     out = tmp_path / "fp16"
-    trainer = GRPOTrainer(lora_config(assets, out, 2, "rollout.dtype=float16"))
+    trainer = Driver(lora_config(assets, out, 2, "rollout.dtype=float16"))
     trainer.fit()
     facts = trainer.worker_facts
     print(f"fp16 engine: {facts['weight_layout']} weights, sync {facts['sync_strategy']}")
@@ -180,7 +180,7 @@ def test_a_resumed_lora_run_reproduces_the_uninterrupted_one(
     assets, straight = lora_run
     interrupted = tmp_path / "interrupted"
     for steps in (STEPS - 1, STEPS):  # stop after step 2, then resume from its checkpoint
-        GRPOTrainer(lora_config(assets, interrupted, steps, "trainer.export_hf=false")).fit()
+        Driver(lora_config(assets, interrupted, steps, "trainer.export_hf=false")).fit()
     expected, resumed = read_metrics(straight), read_metrics(interrupted)
     assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
     # The resumed run starts a fresh engine, so its first sync sends the base again.
@@ -206,7 +206,7 @@ def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"model\.lora\.target_modules: \['qkv'\] match no linear module.*'q_proj'"
     ):
-        GRPOTrainer(
+        Driver(
             make_config(assets, tmp_path, "model.lora.rank=8", "model.lora.target_modules=[qkv]")
         )
     # An architecture vLLM cannot serve LoRA for (its GPT-J has no LoRA support).
@@ -220,4 +220,4 @@ def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"sync\.lora_mode=adapter: vLLM has no LoRA support for GPTJForCausalLM"
     ):
-        GRPOTrainer(make_config(assets, tmp_path, f"model.path={gptj}", "model.lora.rank=8"))
+        Driver(make_config(assets, tmp_path, f"model.path={gptj}", "model.lora.rank=8"))

@@ -17,7 +17,7 @@ import torch
 
 from hybrid.memory.records import STEP_PHASES, read_records, step_phases
 from hybrid.trainer.checkpoints import checkpoint_dir, critic_checkpoint_dir
-from hybrid.trainer.grpo import CRITIC_EXPORT_DIR, GRPOTrainer
+from hybrid.trainer.loop import CRITIC_EXPORT_DIR, Driver
 from profiling.memory_analysis import load_config, planner_prediction
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
@@ -62,7 +62,7 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    GRPOTrainer(
+    Driver(
         make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)
     ).fit()
     straight = read_metrics(out)
@@ -97,7 +97,7 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     # Resume from step 2: remove step 3's checkpoint (actor and critic) and run again.
     shutil.rmtree(checkpoint_dir(out, 3))
     shutil.rmtree(critic_checkpoint_dir(out, 3))
-    GRPOTrainer(
+    Driver(
         make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)
     ).fit()
     resumed = read_metrics(out)

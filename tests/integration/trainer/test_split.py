@@ -1,4 +1,4 @@
-"""trainer.placement=split end to end: explorer and trainer workers, the three weight
+"""trainer.mode=split end to end: explorer and trainer workers, the three weight
 transports, both sync styles, the seed's state machine read back from sync_timeline.jsonl.
 
 Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
@@ -57,7 +57,7 @@ def split_args(assets: Path, out: Path, *extra: str) -> list[str]:
         assets,
         out,
         f"trainer.total_steps={STEPS}",
-        "trainer.placement=split",
+        "trainer.mode=split",
         "sync.timeout_s=60",
         "sync.verify_checksum=true",
         f"sync.checkpoint_dir={out / 'weights'}",

@@ -30,7 +30,6 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.target_modules": ("model.lora.rank=8",),
     "trainer.memory_snapshot_step": ("trainer.use_gpu=true",),
     "trainer.nnodes": ("trainer.num_workers=4",),
-    "fully_async.enable": ("trainer.placement=split",),
     "trainer.critic_warmup": ("algorithm.adv_estimator=gae",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).

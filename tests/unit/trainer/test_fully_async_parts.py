@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid.trainer.fully_async import merge_updates
+from hybrid.trainer.step import merge_updates
 
 pytestmark = pytest.mark.unit
 

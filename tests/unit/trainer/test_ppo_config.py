@@ -72,9 +72,9 @@ def test_bad_ppo_input_names_the_field(overrides: tuple[str, ...], message: str)
         config(*overrides)
 
 
-@pytest.mark.parametrize("fully_async", ["false", "true"])
-def test_the_critic_and_kl_in_reward_build_on_the_decoupled_placements(fully_async: str) -> None:
-    split = ("trainer.placement=split", f"fully_async.enable={fully_async}")
+@pytest.mark.parametrize("mode", ["split", "fully_async"])
+def test_the_critic_and_kl_in_reward_build_on_the_decoupled_placements(mode: str) -> None:
+    split = (f"trainer.mode={mode}",)
     built = config(GAE, "algorithm.use_kl_in_reward=true", *split)
     assert built.use_critic and built.needs_reference and built.trainer.split
     # The critic's mini-batch follows the trainer group's share, like the actor's.

@@ -1,4 +1,4 @@
-"""trainer.placement=split: bad input fails when the config is built, before any worker
+"""trainer.mode=split and fully_async: bad input fails when the config is built, before any worker
 starts, naming the field."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 
 def split_config(*overrides: str) -> TrainerRunConfig:
-    return to_typed(compose_config("config", ("trainer.placement=split", *overrides)))
+    return to_typed(compose_config("config", ("trainer.mode=split", *overrides)))
 
 
 def test_the_default_split_config_builds() -> None:
@@ -40,7 +40,7 @@ def test_the_default_split_config_builds() -> None:
         ("sync.offset=-1", r"sync\.offset must be >= 0"),
         ("sync.method=checkpoint", r"sync\.checkpoint_dir must be set"),
         ("sync.offset=2", r"sync\.max_staleness"),
-        ("trainer.placement=elsewhere", r"trainer\.placement must be one of"),
+        ("trainer.mode=elsewhere", r"trainer\.mode must be one of"),
     ],
 )
 def test_bad_split_input_names_the_field(override: str, message: str) -> None:
@@ -60,7 +60,7 @@ def test_the_trainer_group_size_sets_the_divisibility_rule() -> None:
 
 def test_the_fully_async_sizes() -> None:
     config = split_config(
-        "fully_async.enable=true",
+        "trainer.mode=fully_async",
         "fully_async.require_batches=2",
         "fully_async.trigger_parameter_sync_step=3",
         "algorithm.ppo_mini_batch_size=4",
@@ -72,11 +72,7 @@ def test_the_fully_async_sizes() -> None:
     ("overrides", "message"),
     [
         (
-            ("fully_async.enable=true", "trainer.placement=colocated"),
-            r"fully_async\.enable needs trainer\.placement=split",
-        ),
-        (
-            ("fully_async.enable=true", "sync.offset=1", "sync.max_staleness=1"),
+            ("trainer.mode=fully_async", "sync.offset=1", "sync.max_staleness=1"),
             r"leave sync\.style=fixed, sync\.interval=1, sync\.offset=0",
         ),
         (
@@ -90,8 +86,8 @@ def test_the_fully_async_sizes() -> None:
         (("algorithm.importance_cap=0",), r"algorithm\.importance_cap must be > 0"),
         (("algorithm.mask_version_lag=-1",), r"algorithm\.mask_version_lag must be >= 0"),
         (
-            ("algorithm.off_policy_correction=mask", "trainer.placement=colocated"),
-            r"off_policy_correction=mask needs trainer\.placement=split",
+            ("algorithm.off_policy_correction=mask", "trainer.mode=colocated"),
+            r"off_policy_correction=mask needs trainer\.mode=split or fully_async",
         ),
         (
             ("algorithm.off_policy_correction=tis", "actor.tis_cap=2.0"),
@@ -109,3 +105,17 @@ def test_the_correction_reaches_the_actor() -> None:
     assert decoupled.decoupled_cap == 2.0 and decoupled.tis_cap is None
     tis = split_config("algorithm.off_policy_correction=tis", "algorithm.importance_cap=3")
     assert tis.worker_config().actor.tis_cap == 3.0
+
+
+@pytest.mark.parametrize(
+    ("override", "instead"),
+    [
+        ("+trainer.placement=split", r"trainer\.placement was replaced: set trainer\.mode="),
+        ("+fully_async.enable=true", r"fully_async\.enable was replaced: set trainer\.mode=fully_async"),
+    ],
+)
+def test_the_keys_trainer_mode_replaced_are_named(override: str, instead: str) -> None:
+    from hybrid.trainer.compose import to_run_config
+
+    with pytest.raises(ValueError, match=instead):
+        to_run_config(compose_config("config", (override,)))

@@ -1,0 +1,310 @@
+"""The driver: one loop for every trainer.mode.
+
+A run is a `TrainStep` (score + update, hybrid/trainer/step.py) fed by a `RolloutSource`
+(where samples come from: hybrid/trainer/sources/) and followed by a `WeightPublisher` (how the
+new version reaches the engines: hybrid/trainer/publisher.py). trainer.mode picks the three
+parts in `assemble`; the loop does not know which it holds. Colocated is the case where the
+source generates on the training workers and the publisher has nothing to send (0 steps
+off-policy); split and fully_async differ only in their source.
+
+The driver holds no model: it moves Batches between the worker-group views and does the cheap
+math (rewards, advantages, balancing, the KL controller) on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybrid.algorithms.kl_control import KLController, make_kl_controller
+from hybrid.data import PromptDataset, PromptLoader
+from hybrid.memory.records import write_records
+from hybrid.models import load_tokenizer
+from hybrid.rewards.manager import RewardManager
+from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
+from hybrid.synchronizer.actor import SynchronizerActor
+from hybrid.trainer import placement
+from hybrid.trainer.checkpoints import (
+    checkpoint_dir,
+    critic_checkpoint_dir,
+    latest_checkpoint,
+    prune_checkpoints,
+)
+from hybrid.trainer.config import TrainerRunConfig, sync_policy
+from hybrid.trainer.metrics import Sinks, make_sinks
+from hybrid.trainer.prompts import PromptFeed
+from hybrid.trainer.publisher import InProcessPublisher, TransportPublisher, WeightPublisher
+from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, RolloutSource
+from hybrid.trainer.step import StepResult, TrainStep, merge_updates
+from hybrid.trainer.weight_sync import SyncSides, WeightChannel
+from hybrid.workers.critic import check_critic_model
+from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
+
+logger = logging.getLogger(__name__)
+
+CRITIC_EXPORT_DIR = "hf_critic"
+"""Beside hf_model: PPO's critic as a Hugging Face value model."""
+
+
+def check_data_sources(*datasets: PromptDataset | None) -> None:
+    """Every row needs a reward function: fail before any worker starts, naming the row."""
+    for dataset in datasets:
+        for row in dataset.rows if dataset is not None else []:
+            if row.data_source not in BUILTIN_REWARDS:
+                raise ValueError(
+                    f"{row.source}: data_source {row.data_source!r} has no built-in reward "
+                    f"(known: {sorted(BUILTIN_REWARDS)}); set reward.custom_path to a file with compute_score"
+                )
+
+
+def assemble(
+    config: TrainerRunConfig, workers: placement.Placement, feed: PromptFeed, pad_token_id: int
+) -> tuple[RolloutSource, WeightPublisher]:
+    """The source and the publisher of trainer.mode (the one place the mode is read after
+    the workers started)."""
+    c = config
+    if workers.explorers is None:
+        return ColocatedSource(workers.members.actor, feed), InProcessPublisher()
+    out = Path(c.trainer.output_dir)
+    synchronizer = SynchronizerActor.remote(
+        c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
+    )
+    channel = WeightChannel(c.sync, synchronizer, workers.members.actor, workers.explorers)
+    channel.connect()
+    sides = SyncSides(sync_policy(c.sync), channel, synchronizer, c.trainer.total_steps)
+    source_cls = QueueSource if c.trainer.mode == "fully_async" else BufferSource
+    source = source_cls(c, workers.explorers, sides, feed, pad_token_id)
+    return source, TransportPublisher(sides, c.trainer.output_dir)
+
+
+class Driver:
+    def __init__(self, config: TrainerRunConfig) -> None:
+        config.check_paths()
+        check_lora_setup(config.model.path, config.model.lora, config.sync.lora_mode)
+        c = self.config = config
+        tokenizer = load_tokenizer(c.model.path)
+        self.train_data = PromptDataset(c.data.train_files, tokenizer, c.data.max_prompt_length)
+        self.val_data = (
+            PromptDataset(c.data.val_files, tokenizer, c.data.max_prompt_length)
+            if c.data.val_files
+            else None
+        )
+        self.loader = PromptLoader(self.train_data, c.data.train_batch_size, seed=c.data.seed)
+        custom = (
+            load_reward_function(c.reward.custom_path, c.reward.custom_name)
+            if c.reward.custom_path
+            else None
+        )
+        if custom is None:
+            check_data_sources(self.train_data, self.val_data)
+        self.rewards = RewardManager(custom)
+        if c.use_critic:
+            check_critic_model(c.critic.model.path or c.model.path, c.model.path)
+        a = c.algorithm
+        self.kl_ctrl: KLController | None = (
+            make_kl_controller(
+                a.kl_ctrl.type, a.kl_ctrl.kl_coef, a.kl_ctrl.target_kl, a.kl_ctrl.horizon
+            )
+            if a.use_kl_in_reward
+            else None
+        )
+        self.step = 0
+        self.reward_history: list[float] = []
+        self.first_step_started: float | None = None
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        c = self.config
+        self.start()
+        sinks = make_sinks(
+            c.trainer.loggers,
+            Path(c.trainer.output_dir),
+            c.trainer.total_steps,
+            dataclasses.asdict(c),
+            log_freq=c.trainer.log_freq,
+        )
+        try:
+            self.resume()
+            metrics = self.run(sinks)
+            self.export()
+        except BaseException:
+            sinks.close()
+            self.workers.stop(after_failure=True)
+            raise
+        sinks.close()
+        self.workers.stop()
+        return metrics
+
+    def start(self) -> None:
+        """The workers of trainer.mode and the three parts of the loop."""
+        c = self.config
+        out = Path(c.trainer.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        # The config as given, until the workers resolve `auto` (placement rewrites it).
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(c), indent=1))
+        self.workers = placement.start(c)
+        self.worker_facts = self.workers.facts
+        m = self.workers.members
+        self.actor, self.critic = m.actor, m.critic
+        self.log_memory(0)
+        self.feed = PromptFeed(self.loader, c.trainer.seed)
+        try:
+            self.source, self.publisher = assemble(
+                c, self.workers, self.feed, self.train_data.pad_token_id
+            )
+        except BaseException:
+            self.workers.stop(after_failure=True)
+            raise
+        self.train = TrainStep(c, m, self.rewards, self.kl_ctrl)
+
+    def run(self, sinks: Sinks) -> dict[str, float]:
+        """The starting weights into the engines, validation before training, the steps."""
+        c = self.config
+        metrics: dict[str, float] = {}
+        try:
+            self.publisher.start(self.step)
+            if c.trainer.val_before_train and self.val_data is not None and self.step == 0:
+                sinks.log(0, self.validate())
+                self.log_memory(0)
+            self.source.start(self.step)
+            while self.step < c.trainer.total_steps:
+                self.step += 1
+                metrics = self.train_one_step()
+                self.finish_step(sinks, metrics)
+                self.source.after_step(self.step)
+                self.publisher.after_step(self.step)
+        except BaseException as error:
+            cause = self.source.fail(error)
+            if cause is not error:
+                raise cause from error
+            raise
+        self.source.finish()
+        self.publisher.finish()
+        return metrics
+
+    def train_one_step(self) -> dict[str, float]:
+        """The source's batches for this step, each scored and trained on under the version
+        the actor holds now (step - 1); one metrics dict."""
+        snapshot = self.step == self.config.trainer.memory_snapshot_step
+        if snapshot:
+            self.actor.start_memory_history()
+        started = time.perf_counter()
+        trained_on = self.step - 1
+        results: list[StepResult] = []
+        for rollout in self.source.batches(self.step):
+            results.append(self.train(rollout, self.step, trained_on, self.source.lag_bound))
+            self.source.trained(results[-1], trained_on)
+        step_s = time.perf_counter() - started
+        if snapshot:
+            out = Path(self.config.trainer.output_dir) / "memory_snapshots"
+            self.actor.dump_memory_history(str(out), self.step)
+        metrics = merge_updates([r.metrics for r in results])
+        worker = merge_updates([r.worker for r in results])
+        metrics.update(self.source.metrics(worker, step_s))
+        metrics.update(self.publisher.metrics(worker))
+        metrics["timing_s/step"] = step_s
+        tokens_per_s = metrics["perf/tokens"] / step_s
+        metrics["perf/throughput"] = tokens_per_s / self.workers.members.training_workers
+        return metrics
+
+    def finish_step(self, sinks: Sinks, metrics: dict[str, float]) -> None:
+        """After a step's update: validation when due, the metric sinks, a checkpoint when
+        due, the memory ledger."""
+        t = self.config.trainer
+        if self.first_step_started is None:
+            self.first_step_started = time.perf_counter() - metrics["timing_s/step"]
+        # Wall time from the first step's start: differences between steps are the step
+        # periods, whatever a mode does between its steps (a split run publishes there).
+        metrics["timing_s/elapsed"] = time.perf_counter() - self.first_step_started
+        self.reward_history.append(metrics["reward/mean"])
+        if self.val_data is not None and t.test_freq and self.step % t.test_freq == 0:
+            metrics.update(self.validate())
+        sinks.log(self.step, metrics)
+        if self.step == t.total_steps or (t.save_freq and self.step % t.save_freq == 0):
+            self.save()
+        self.log_memory(self.step)
+
+    def validate(self) -> dict[str, float]:
+        assert self.val_data is not None
+        size = self.config.data.val_batch_size
+        batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
+        scores = []
+        for batch in batches.validation_batches(size):
+            batch_scores, _ = self.rewards.score(self.source.generate_greedy(batch))
+            scores.append(batch_scores)
+        joined = torch.cat(scores)
+        return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+
+    def log_memory(self, step: int) -> None:
+        """Drain every worker's memory ledger; append it to memory.jsonl when due."""
+        per_rank = self.actor.pop_memory_records(step)
+        freq = self.config.trainer.memory_log_freq
+        if step == 0 or (freq and step % freq == 0):
+            path = Path(self.config.trainer.output_dir) / "memory.jsonl"
+            write_records(path, [record for records in per_rank for record in records])
+
+    def export(self) -> None:
+        out = Path(self.config.trainer.output_dir)
+        if self.config.model.lora.enabled:
+            self.actor.export_adapter(str(out / LORA_ADAPTER_DIR))
+        if self.config.trainer.export_hf:  # with LoRA: the adapters merged into the base
+            self.actor.export_hf(str(out / "hf_model"))
+            if self.critic is not None:
+                self.critic.export_hf(str(out / CRITIC_EXPORT_DIR))
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """A checkpoint of this step, with the prompt position the source says a resumed run
+        starts from."""
+        out = self.config.trainer.output_dir
+        path = checkpoint_dir(out, self.step)
+        extra: dict[str, Any] = {
+            "step": self.step,
+            "loader": self.source.resume_position(self.step),
+        }
+        if self.kl_ctrl is not None:
+            extra["kl_ctrl"] = self.kl_ctrl.state_dict()
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(critic_checkpoint_dir(out, self.step)))
+        self.actor.save_checkpoint(str(path), extra=extra)
+        if self.config.model.lora.enabled:  # the adapter alone, in peft's format
+            self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
+        # Only now is this checkpoint complete: the older ones beyond the limit may go.
+        keep = self.config.trainer.max_checkpoints_to_keep
+        for old in prune_checkpoints(out, keep, self.step):
+            logger.info("deleted checkpoint %s (trainer.max_checkpoints_to_keep=%s)", old, keep)
+
+    def resume(self) -> None:
+        if self.config.trainer.resume != "auto":
+            return
+        found = latest_checkpoint(self.config.trainer.output_dir)
+        if found is None:
+            return
+        step, path = found
+        extra = self.actor.load_checkpoint(str(path))[0]
+        if self.critic is not None:
+            critic = critic_checkpoint_dir(self.config.trainer.output_dir, step)
+            if not critic.is_dir():
+                raise FileNotFoundError(
+                    f"checkpoint {path} has no critic state at {critic}: it was saved by a "
+                    "run without a critic (algorithm.adv_estimator was not gae)"
+                )
+            self.critic.load_checkpoint(str(critic))
+        if self.kl_ctrl is not None:
+            if "kl_ctrl" not in extra:
+                raise KeyError(
+                    f"checkpoint {path} has no KL controller state: it was saved by a run "
+                    "without algorithm.use_kl_in_reward"
+                )
+            self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
+        self.step = int(extra["step"])
+        self.loader.load_state_dict(extra["loader"])
+        logger.info("resumed from %s at step %d", path, self.step)

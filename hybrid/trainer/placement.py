@@ -1,0 +1,176 @@
+"""Where the members run: one worker group that generates and trains in turn (colocated), or
+explorer workers (vLLM only) beside trainer workers (FSDP actor, reference, critic).
+
+Either way the driver gets the same `Members` for the train step, plus the explorer group when
+there is one. Starting is the one place that talks to Ray's placement; stopping shuts the
+engines down first (vLLM must go before its process group), best effort after a failure so
+that a dead worker's error does not replace the one that ended the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybrid.controller import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    WorkerGroupView,
+    create_colocated_worker_cls,
+    ensure_ray,
+)
+from hybrid.explorer.worker import ExplorerWorker
+from hybrid.trainer.checkpoints import shared_dir_error
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
+from hybrid.trainer.step import Members
+from hybrid.workers.actor_rollout import ActorRolloutWorker
+from hybrid.workers.critic import CriticWorker
+from hybrid.workers.ref import ReferenceWorker
+from hybrid.workers.trainer_worker import TrainerWorker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Placement:
+    members: Members
+    group: RayWorkerGroup
+    """The group that holds the actor (colocated: every worker)."""
+    explorers: RayWorkerGroup | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the workers resolved (dtypes for `auto`, the sync strategy): rank 0 speaks for
+    all, since every rank sees the same hardware kind."""
+
+    def stop(self, after_failure: bool = False) -> None:
+        sides = [("trainer", self.members.actor.shutdown_engine, self.group)]
+        if self.explorers is not None:
+            sides.insert(0, ("explorer", self.explorers.shutdown_engine, self.explorers))
+        for name, shutdown_engine, group in sides:
+            try:
+                shutdown_engine()
+            except Exception as error:
+                if not after_failure:
+                    raise
+                logger.debug("%s engine shutdown after a failure: %s", name, error)
+            group.shutdown()
+
+
+def start(config: TrainerRunConfig) -> Placement:
+    """Start the workers of trainer.mode, build their models and write the run's resolved
+    config (config.json, with `auto` resolved) and, when split, placement.json."""
+    t = config.trainer
+    log_dir = run_log_dir(t.output_dir, t.verbose)
+    try:
+        ensure_ray(t.ray_address, quiet=log_dir is not None)
+    except ConnectionError as error:
+        raise ValueError(f"trainer.ray_address={t.ray_address!r}: {error}") from None
+    placement = start_split(config, log_dir) if t.split else start_colocated(config, log_dir)
+    print_startup_summary(config, placement.facts, log_dir)
+    write_resolved_config(config, placement.facts)
+    return placement
+
+
+def trainer_members(
+    config: TrainerRunConfig, views: dict[str, WorkerGroupView], actor_name: str, workers: int
+) -> Members:
+    """Build the models of the trainer-side members (the actor's already started)."""
+    c = config
+    actor = views[actor_name]
+    # With LoRA the reference is the actor's own base (adapters disabled): no second model.
+    lora_base = c.model.lora.enabled and actor_name == "actor_rollout"
+    reference = actor if lora_base else views["ref"]
+    if c.needs_reference and not lora_base:
+        views["ref"].init_model()
+    critic = views["critic"] if c.use_critic else None
+    if critic is not None:
+        critic.init_model()
+    return Members(actor=actor, reference=reference, critic=critic, training_workers=workers)
+
+
+def start_colocated(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
+    c, t = config, config.trainer
+    worker_config = c.worker_config()
+    cls = create_colocated_worker_cls(
+        {
+            "actor_rollout": RayClassWithInitArgs(ActorRolloutWorker, worker_config),
+            "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
+            "critic": RayClassWithInitArgs(CriticWorker, worker_config),
+        }
+    )
+    pool = RayResourcePool(t.process_on_nodes, use_gpu=t.use_gpu)
+    print_lines([f"starting {t.num_workers} workers (Ray, FSDP2, vLLM) ..."])
+    group = RayWorkerGroup(pool, cls, ray_address=t.ray_address, log_dir=log_dir)
+    if t.nnodes > 1:
+        unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
+        if unshared:
+            raise ValueError(unshared)
+    views = group.spawn(prefix_set={"actor_rollout", "ref", "critic"})
+    views["actor_rollout"].init_model()
+    facts = dict(views["actor_rollout"].describe()[0])
+    members = trainer_members(c, views, "actor_rollout", t.num_workers)
+    return Placement(members=members, group=group, facts=facts)
+
+
+def start_split(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
+    c, t = config, config.trainer
+    worker_config = c.worker_config()
+    print_lines(
+        [
+            f"starting {t.num_explorer_workers} explorer + {t.num_trainer_workers} trainer "
+            "workers (Ray, vLLM | FSDP2) ..."
+        ]
+    )
+    explorers = RayWorkerGroup(
+        RayResourcePool([t.num_explorer_workers], use_gpu=t.use_gpu),
+        RayClassWithInitArgs(ExplorerWorker, worker_config),
+        ray_address=t.ray_address,
+        log_dir=None if log_dir is None else Path(log_dir) / "explorer",
+    )
+    cls = create_colocated_worker_cls(
+        {
+            # "trainer": the name errors from this member carry (trainer.<method> failed).
+            "trainer": RayClassWithInitArgs(TrainerWorker, worker_config),
+            "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
+            "critic": RayClassWithInitArgs(CriticWorker, worker_config),
+        }
+    )
+    group = RayWorkerGroup(
+        RayResourcePool([t.num_trainer_workers], use_gpu=t.use_gpu),
+        cls,
+        ray_address=t.ray_address,
+        log_dir=None if log_dir is None else Path(log_dir) / "trainer",
+    )
+    # The reference and PPO's critic live with the trainer group: they serve the update.
+    views = group.spawn(prefix_set={"trainer", "ref", "critic"})
+    engines = explorers.init_engine.submit()  # the explorers start while the trainers do
+    views["trainer"].init_model()
+    members = trainer_members(c, views, "trainer", t.num_trainer_workers)
+    engines.get()
+    facts = dict(views["trainer"].describe()[0])
+    facts.update(explorers.describe()[0])
+    placement = {
+        "explorer": [str(node) for node in explorers.rank_nodes],
+        "trainer": [str(node) for node in group.rank_nodes],
+    }
+    (Path(t.output_dir) / "placement.json").write_text(json.dumps(placement, indent=1))
+    return Placement(members=members, group=group, explorers=explorers, facts=facts)
+
+
+def write_resolved_config(config: TrainerRunConfig, facts: dict[str, Any]) -> None:
+    """config.json with `auto` dtypes replaced by what the workers chose (the memory report
+    plans from it)."""
+    c = config
+    resolved = dataclasses.replace(
+        c,
+        actor=dataclasses.replace(c.actor, param_dtype=facts["actor_dtype"]),
+        ref=dataclasses.replace(c.ref, param_dtype=facts["ref_dtype"]),
+        rollout=dataclasses.replace(c.rollout, dtype=facts["rollout_dtype"]),
+    )
+    path = Path(c.trainer.output_dir) / "config.json"
+    path.write_text(json.dumps(dataclasses.asdict(resolved), indent=1))

@@ -1,0 +1,63 @@
+"""The `RolloutSource` protocol: where a train step's rollouts come from.
+
+Three implementations, one per trainer.mode: `ColocatedSource` (the hybrid engine generates
+on the training workers, between updates), `BufferSource` (explorer workers generate into the
+experience buffer on a thread of the driver, the Synchronizer's styles keeping them within
+their lag) and `QueueSource` (the Rollouter generates continuously into the message queue,
+paced by the staleness rule, with partial rollouts). The loop (hybrid/trainer/loop.py) does
+not know which one it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from hybrid.data import Batch
+from hybrid.trainer.step import StepResult
+
+SOURCE_KEYS = frozenset({"timing_s/gen", "timing_s/trainer_wait"})
+"""Keys every source adds to a step's metrics."""
+
+
+class RolloutSource(Protocol):
+    lag_bound: int
+    """The most weight versions a trained token may lag (0: always on-policy)."""
+
+    def start(self, step: int) -> None:
+        """Begin producing for the steps after `step` (after the initial weight sync)."""
+        ...
+
+    def batches(self, step: int) -> Iterator[Batch]:
+        """The rollouts train step `step` updates on, one update each, in order (several
+        when fully_async takes trigger_parameter_sync_step updates per step)."""
+        ...
+
+    def trained(self, result: StepResult, trained_on: int) -> None:
+        """One of this step's batches was scored and trained on under `trained_on`."""
+        ...
+
+    def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
+        """This step's figures of the rollout side (`worker`: the trainer workers' own)."""
+        ...
+
+    def after_step(self, step: int) -> None:
+        """The step is done and logged (before the weight publisher runs)."""
+        ...
+
+    def resume_position(self, step: int) -> dict[str, int]:
+        """The prompt loader's position a run resumed from step `step`'s checkpoint starts at."""
+        ...
+
+    def generate_greedy(self, prompts: Batch) -> Batch:
+        """One greedy response per prompt (validation), on the engines this mode samples with."""
+        ...
+
+    def finish(self) -> None:
+        """The last step is done: let the generating side end cleanly."""
+        ...
+
+    def fail(self, error: BaseException) -> BaseException:
+        """The run failed with `error`: stop generating, wake every waiter, and return the
+        error to report (a generating side's death rather than what it caused downstream)."""
+        ...

@@ -1,0 +1,73 @@
+"""trainer.mode=colocated: the training workers generate between updates (the hybrid engine).
+
+Each step draws its prompts and calls `generate_sequences` on the actor group; the mode switch
+inside the call gathers the actor's weights into the engine first, so the samples always come
+from the weights being trained (version step - 1, lag 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from hybrid.controller import WorkerGroupView
+from hybrid.data import Batch
+from hybrid.data.sample import NO_VERSION
+from hybrid.trainer.prompts import PromptFeed
+from hybrid.trainer.step import StepResult
+
+
+class ColocatedSource:
+    lag_bound = 0
+
+    def __init__(self, actor: WorkerGroupView, feed: PromptFeed) -> None:
+        self.actor = actor
+        self.feed = feed
+        self.rollout_s = 0.0
+
+    def start(self, step: int) -> None:
+        pass  # nothing runs between steps
+
+    def batches(self, step: int) -> Iterator[Batch]:
+        prompts = self.feed.batch(step)
+        started = time.perf_counter()
+        rollout = self.actor.generate_sequences(prompts)
+        self.rollout_s = time.perf_counter() - started
+        yield with_version(rollout, step - 1)
+
+    def trained(self, result: StepResult, trained_on: int) -> None:
+        pass
+
+    def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
+        return {
+            "timing_s/gen": worker.get("timing_s/gen", 0.0),
+            # The rollout call as the driver sees it: sync + generation + release + Ray.
+            "timing_s/trainer_wait": self.rollout_s,
+            "timing_s/rollout_call": self.rollout_s,
+        }
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def resume_position(self, step: int) -> dict[str, int]:
+        return self.feed.position()[0]
+
+    def generate_greedy(self, prompts: Batch) -> Batch:
+        return self.actor.generate_sequences(prompts, greedy=True)
+
+    def finish(self) -> None:
+        pass
+
+    def fail(self, error: BaseException) -> BaseException:
+        return error
+
+
+def with_version(rollout: Batch, version: int) -> Batch:
+    """Mark every response token as sampled by `version`: colocated generation runs on the
+    weights the actor holds (the workers count syncs since they started, which a resumed run
+    restarts; the driver knows the step)."""
+    mask = rollout.tensors["response_mask"].bool()
+    versions = torch.full(mask.shape, NO_VERSION, dtype=torch.long).masked_fill(mask, version)
+    return Batch(dict(rollout.tensors, versions=versions), rollout.non_tensors, rollout.meta)

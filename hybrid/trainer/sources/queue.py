@@ -1,0 +1,168 @@
+"""trainer.mode=fully_async (verl's fully-async plan): the Rollouter keeps the explorers
+generating into the MessageQueue, paced by the staleness rule; the trainer takes
+`require_batches` mini-batches of whole groups as soon as they are there and updates on them,
+`trigger_parameter_sync_step` times per train step, after which the next weight version is
+published. The Rollouter picks it up between generation chunks (plan 2, partial rollouts) or
+between whole batches (plan 1). Groups that arrive too stale are dropped by the queue and
+counted.
+
+Resuming restarts the Rollouter at the prompt loader's position at the checkpoint: prompts
+that were in flight then (generating or queued) are not replayed, and the log says how many.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from hybrid.buffer.message_queue import MessageQueueActor
+from hybrid.buffer.staleness import production_budget
+from hybrid.controller import RayWorkerGroup
+from hybrid.data import Batch
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.prompts import PromptFeed
+from hybrid.trainer.sources.buffer import POLL_S, explorer_greedy, to_batch
+from hybrid.trainer.sources.rollouter import Rollouter
+from hybrid.trainer.step import StepResult
+from hybrid.trainer.weight_sync import SyncSides
+
+logger = logging.getLogger(__name__)
+
+
+class QueueSource:
+    def __init__(
+        self,
+        config: TrainerRunConfig,
+        explorers: RayWorkerGroup,
+        sides: SyncSides,
+        feed: PromptFeed,
+        pad_token_id: int,
+    ) -> None:
+        self.config = config
+        self.explorers = explorers
+        self.sides = sides
+        self.feed = feed
+        self.pad_token_id = pad_token_id
+        self.lag_bound = config.fully_async.max_version_lag
+        self.budget = production_budget(
+            config.fully_async.staleness_threshold, config.groups_per_version
+        )
+        self.queue: Any = None
+        self.rollouter: Rollouter | None = None
+        self.wait_s = 0.0
+
+    def start(self, step: int) -> None:
+        c, fa = self.config, self.config.fully_async
+        self.feed.start_rows(step * c.data.train_batch_size)  # distinct seeds after a resume
+        self.queue = MessageQueueActor.remote(
+            c.rollout.n, self.budget, fa.max_version_lag, start_version=step
+        )
+        # Plan 2 keeps as many groups in the engine as the staleness rule allows (a step costs
+        # about the same with more sequences); plan 1 generates batches of train_batch_size.
+        self.rollouter = Rollouter(
+            self.explorers,
+            self.queue,
+            self.feed.rows,
+            self.sides.explorer_catch_up,
+            groups_in_flight=self.budget if fa.partial_rollout else c.data.train_batch_size,
+            max_steps=fa.chunk_tokens if fa.partial_rollout else None,
+            partial_rollout=fa.partial_rollout,
+            on_error=self._rollouter_failed,
+        )
+        self.rollouter.start()
+
+    def batches(self, step: int) -> Iterator[Batch]:
+        self.wait_s = 0.0
+        for _ in range(self.config.fully_async.trigger_parameter_sync_step):
+            started = time.perf_counter()
+            samples = self.take(self.config.groups_per_update, step)
+            self.wait_s += time.perf_counter() - started
+            yield to_batch(samples, self.config, self.pad_token_id)
+
+    def take(self, groups: int, step: int) -> list[Any]:
+        """The next `groups` groups the trainer at version step - 1 may train (stale ones are
+        dropped by the queue); fails with the Rollouter's error if it died."""
+        assert self.rollouter is not None
+        timeout_s = self.config.sync.timeout_s
+        started = time.perf_counter()
+        while True:
+            samples = ray.get(self.queue.take.remote(groups, step - 1, POLL_S))
+            if samples is not None:
+                return list(samples)
+            if self.rollouter.error is not None:
+                raise self.rollouter.error
+            if time.perf_counter() - started > timeout_s:
+                raise TimeoutError(
+                    f"trainer step {step}: {groups} groups did not arrive from the "
+                    f"Rollouter within sync.timeout_s={timeout_s}s"
+                )
+
+    def trained(self, result: StepResult, trained_on: int) -> None:
+        pass
+
+    def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
+        assert self.rollouter is not None
+        accounting = ray.get(self.queue.accounting.remote())
+        return {
+            **self.rollouter.drain(),
+            "trainer/idle_ratio": self.wait_s / step_s,
+            "queue/depth": float(accounting["queued"]),
+            "queue/dropped_stale": float(accounting["dropped"]),
+            "queue/in_flight": float(accounting["in_flight"]),
+            "timing_s/trainer_wait": self.wait_s,
+        }
+
+    def after_step(self, step: int) -> None:
+        if step < self.config.trainer.total_steps:
+            ray.get(self.queue.published.remote(step))
+
+    def resume_position(self, step: int) -> dict[str, int]:
+        position, in_flight = self.feed.position()
+        if in_flight:
+            logger.info(
+                "checkpoint at step %d: %d drawn prompts not yet generated", step, in_flight
+            )
+        return position
+
+    def generate_greedy(self, prompts: Batch) -> Batch:
+        return explorer_greedy(self.explorers, prompts)
+
+    def finish(self) -> None:
+        assert self.rollouter is not None
+        self.rollouter.stopping.set()
+        ray.get(self.sides.sync.stop.remote("trainer", "finished"))
+        self.rollouter.join(timeout=self.config.sync.timeout_s)
+        self.write_record()
+
+    def fail(self, error: BaseException) -> BaseException:
+        if self.rollouter is not None:
+            self.rollouter.stopping.set()
+        reason = f"trainer loop failed: {type(error).__name__}: {error}"
+        ray.get(self.sides.sync.stop.remote("trainer", reason))
+        if self.queue is not None:
+            ray.get(self.queue.close.remote(reason))
+        # A dead Rollouter makes the trainer's next take or sync fail too: report it.
+        died = None if self.rollouter is None else self.rollouter.error
+        return died or error
+
+    def _rollouter_failed(self, error: BaseException) -> None:
+        """Wake the trainer wherever it waits (a take, a broadcast) with the Rollouter's end."""
+        reason = f"Rollouter failed: {type(error).__name__}: {error}"
+        ray.get(self.sides.sync.stop.remote("explorer", reason))
+        ray.get(self.queue.close.remote(reason))
+
+    def write_record(self) -> None:
+        """fully_async.json: where every started group ended, and the pacing record."""
+        assert self.rollouter is not None
+        record = ray.get(self.queue.record.remote())
+        record["accounting"] = ray.get(self.queue.accounting.remote())
+        # The queue's in-flight count must be exactly what the explorers still hold.
+        record["explorer_groups_in_flight"] = self.rollouter.pending_groups
+        path = Path(self.config.trainer.output_dir) / "fully_async.json"
+        path.write_text(json.dumps(record, indent=1))

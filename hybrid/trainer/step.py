@@ -1,0 +1,267 @@
+"""One train step, the same in every mode: score a batch, then update the critic and the actor.
+
+Scoring: the rewards on the driver while the workers compute the reference log-probs, the old
+log-probs (unless the update is on-policy: its own first pass gives them) and the critic's
+values; then token rewards (with the in-reward KL penalty when it is on) and the advantages of
+algorithm.adv_estimator. Update: the critic, then the mini-batched actor update (after
+trainer.critic_warmup steps), on rows balanced across the training workers.
+
+Every token carries the weight version that sampled it; `trained_on` is the version the actor
+holds. Colocated samples all lag 0; split and fully-async samples may lag up to the source's
+bound, and a lag beyond it means the schedule broke. The metrics dict has the same keys in
+every mode (STEP_KEYS, tested), so a dashboard reads every run alike.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hybrid.algorithms.estimators import compute_advantages
+from hybrid.algorithms.gae import token_level_rewards
+from hybrid.algorithms.kl_control import KLController, kl_in_reward
+from hybrid.algorithms.logprob import masked_mean
+from hybrid.algorithms.off_policy import mask_stale_tokens, version_lag, version_stats
+from hybrid.algorithms.value_loss import explained_variance
+from hybrid.controller import WorkerGroupView
+from hybrid.data import Batch
+from hybrid.rewards.manager import RewardManager
+from hybrid.trainer.balance import balanced_order
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.metrics import reduce_over_ranks
+
+STEP_KEYS = frozenset(
+    {
+        "reward/mean",
+        "critic/advantages/mean",
+        "actor/kl_loss",
+        "rollout/logprob_diff_mean",
+        "rollout/logprob_diff_max",
+        "rollout/fresh_tokens",
+        "sample/version_lag_mean",
+        "sample/version_lag_max",
+        "sync/version",
+        "sync/version_lag_mean",
+        "sync/version_lag_max",
+        "response_length/mean",
+        "response_length/max",
+        "perf/tokens",
+        "timing_s/ref",
+        "timing_s/old_log_prob",
+        "timing_s/reward",
+        "timing_s/scoring",
+        "timing_s/update_actor",
+    }
+)
+"""Keys every step reports whatever the mode (a test runs each mode and compares)."""
+
+WORKER_PASS_TIMES = ("timing_s/ref", "timing_s/old_log_prob", "timing_s/values")
+"""The trainer-side workers' pass times, as their ledgers recorded them."""
+
+
+def masked_abs_stats(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(mean, max) of |values| over mask; (0, 0) for an empty mask."""
+    picked = values.abs()[mask.bool()]
+    return (float(picked.mean()), float(picked.max())) if picked.numel() else (0.0, 0.0)
+
+
+@dataclass
+class Members:
+    """The worker-group views a step talks to (which groups they live in is the mode's
+    business: hybrid/trainer/placement.py)."""
+
+    actor: WorkerGroupView
+    """The FSDP actor: old log-probs, the update, the workers' metrics."""
+    reference: WorkerGroupView
+    """Reference log-probs: the reference member, or with LoRA the actor's own base."""
+    critic: WorkerGroupView | None
+    training_workers: int
+    """Ranks the actor's batch is split over (for balancing and throughput)."""
+
+
+@dataclass
+class StepResult:
+    batch: Batch
+    """The scored batch (before any stale-token masking): probes are cut from it."""
+    metrics: dict[str, float]
+    worker: dict[str, float]
+    """What the actor-side workers recorded since the last step (their timings and memory),
+    for the rollout source and the weight publisher to pick their figures from."""
+
+
+class TrainStep:
+    def __init__(
+        self,
+        config: TrainerRunConfig,
+        members: Members,
+        rewards: RewardManager,
+        kl_ctrl: KLController | None,
+    ) -> None:
+        self.config = config
+        self.members = members
+        self.rewards = rewards
+        self.kl_ctrl = kl_ctrl
+
+    def __call__(self, rollout: Batch, step: int, trained_on: int, lag_bound: int) -> StepResult:
+        """Score `rollout` and update on it. `trained_on`: the version the actor holds;
+        `lag_bound`: the most versions a token may lag (0 colocated)."""
+        c = self.config
+        mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
+        lag = version_lag(versions, mask, trained_on)[mask.bool()]
+        if lag.numel() and int(lag.max()) > lag_bound:
+            raise RuntimeError(
+                f"step {step}: a sample lags {int(lag.max())} versions, more than the "
+                f"bound ({lag_bound}): the schedule is broken"
+            )
+        # Tokens sampled by the weights the actor holds: their log-probs must match its own.
+        fresh = mask * (versions == trained_on)
+        if c.on_policy_update:  # the update's own first pass checks them
+            rollout = rollout.union(Batch.from_dict({"fresh_mask": fresh}))
+        rollout, metrics = self.score(rollout)
+
+        trained = rollout
+        if c.algorithm.off_policy_correction == "mask":
+            kept = mask_stale_tokens(mask, versions, trained_on, c.algorithm.mask_version_lag)
+            trained = Batch(
+                dict(rollout.tensors, response_mask=kept), rollout.non_tensors, rollout.meta
+            )
+            metrics["actor/masked_stale_tokens"] = float((mask - kept).sum())
+        order = balanced_order(trained["attention_mask"].sum(-1), self.members.training_workers)
+        update, worker = self.update(trained[order], step)
+        t = rollout.tensors
+        if "old_log_probs" in t:  # else the update's own pass reported the sync check
+            diff_mean, diff_max = masked_abs_stats(
+                t["rollout_log_probs"] - t["old_log_probs"], fresh
+            )
+            update["rollout/logprob_diff_mean"] = diff_mean
+            update["rollout/logprob_diff_max"] = diff_max
+            update["actor/entropy_old"] = float(masked_mean(t["entropys"], mask))
+        metrics.update(update)
+        metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
+        for key in WORKER_PASS_TIMES:
+            if key != "timing_s/values" or self.members.critic is not None:
+                metrics[key] = worker.get(key, 0.0)
+        metrics.update(version_stats(versions, mask, trained_on))
+        lengths = mask.sum(-1)
+        metrics.update(
+            {
+                "rollout/fresh_tokens": float(fresh.sum()),
+                "sync/version": float(trained_on),
+                "sync/version_lag_mean": metrics["sample/version_lag_mean"],
+                "sync/version_lag_max": metrics["sample/version_lag_max"],
+                "response_length/mean": float(lengths.float().mean()),
+                "response_length/max": float(lengths.max()),
+                "perf/tokens": float(rollout["attention_mask"].sum()),
+            }
+        )
+        # Without a KL loss (or during the critic's warm-up) the update reports none.
+        metrics.setdefault("actor/kl_loss", 0.0)
+        metrics.setdefault("rollout/logprob_diff_mean", 0.0)
+        metrics.setdefault("rollout/logprob_diff_max", 0.0)
+        return StepResult(rollout, metrics, worker)
+
+    # --- scoring ----------------------------------------------------------------------------
+
+    def score(self, rollout: Batch) -> tuple[Batch, dict[str, float]]:
+        """The workers' passes (submitted first) overlap the driver's rewards."""
+        c, m = self.config, self.members
+        started = time.perf_counter()
+        futures = [
+            m.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
+            None if c.on_policy_update else m.actor.compute_log_prob.submit(rollout),
+            m.critic.compute_values.submit(rollout) if m.critic is not None else None,
+        ]
+        scores, metrics = self.rewards.score(rollout)
+        metrics["timing_s/reward"] = time.perf_counter() - started
+        for future in futures:
+            if future is not None:
+                rollout = rollout.union(future.get())
+        rollout, advantage_metrics = self.add_advantages(rollout, scores)
+        metrics.update(advantage_metrics)
+        metrics["timing_s/scoring"] = time.perf_counter() - started
+        return rollout, metrics
+
+    def add_advantages(
+        self, rollout: Batch, scores: torch.Tensor
+    ) -> tuple[Batch, dict[str, float]]:
+        """Token rewards (the in-reward KL penalty applied when it is on), then the advantages
+        of algorithm.adv_estimator (and the critic's returns); their metrics."""
+        a, t = self.config.algorithm, rollout.tensors
+        mask = t["response_mask"]
+        metrics: dict[str, float] = {}
+        if self.kl_ctrl is None:
+            rewards = token_level_rewards(scores, mask)
+        else:
+            kl, current_kl = kl_in_reward(t["old_log_probs"], t["ref_log_prob"], mask, a.kl_penalty)
+            rewards = token_level_rewards(scores, mask, kl, self.kl_ctrl.value)
+            metrics = {"critic/kl": current_kl, "critic/kl_coeff": self.kl_ctrl.value}
+            self.kl_ctrl.update(current_kl, len(rollout))
+        values = t["values"] if self.members.critic is not None else None
+        found = compute_advantages(
+            a.adv_estimator,
+            rewards,
+            mask,
+            rollout["uid"],
+            values=values,
+            gamma=a.gamma,
+            lam=a.lam,
+            norm_adv_by_std=a.norm_adv_by_std,
+        )
+        added = {"token_level_scores": scores, "token_level_rewards": rewards}
+        added["advantages"] = found.advantages
+        if found.returns is not None and values is not None:
+            added["returns"] = found.returns
+            metrics.update(
+                {
+                    "critic/values/mean": float(masked_mean(values, mask)),
+                    "critic/returns/mean": float(masked_mean(found.returns, mask)),
+                    "critic/vf_explained_var": explained_variance(found.returns, values, mask),
+                }
+            )
+        advantages = found.advantages
+        per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
+        metrics["critic/advantages/mean"] = float(masked_mean(per_token, mask))
+        return rollout.union(Batch.from_dict(added)), metrics
+
+    # --- update -----------------------------------------------------------------------------
+
+    def update(self, batch: Batch, step: int) -> tuple[dict[str, float], dict[str, float]]:
+        """The critic's update, then the actor's (none during the critic's warm-up); the
+        update metrics and the workers' recorded metrics. pop_metrics is queued right behind
+        the update (a Ray actor runs one caller's calls in order): no round trip of its own."""
+        m = self.members
+        metrics: dict[str, float] = {}
+        if m.critic is not None:
+            started = time.perf_counter()
+            metrics.update(reduce_over_ranks(m.critic.update_critic(batch)))
+            metrics["timing_s/update_critic"] = time.perf_counter() - started
+        started = time.perf_counter()
+        update = None
+        if step > self.config.trainer.critic_warmup:
+            update = m.actor.update_actor.submit(batch)
+        worker = m.actor.pop_metrics.submit()
+        if update is not None:
+            metrics.update(reduce_over_ranks(update.get()))
+        metrics["timing_s/update_actor"] = time.perf_counter() - started
+        return metrics, reduce_over_ranks(worker.get())
+
+
+def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One train step's metrics from its updates (fully_async may take several per step, each
+    of the same number of rows): sums for counts and seconds, maxima for maxima, means for the
+    rest."""
+    merged: dict[str, float] = {}
+    for key in parts[0]:
+        values = [part[key] for part in parts]
+        if key.endswith("_max") or key.endswith("/max"):
+            merged[key] = max(values)
+        elif key.startswith("timing_s/") or key in SUMMED:
+            merged[key] = sum(values)
+        else:
+            merged[key] = sum(values) / len(values)
+    return merged
+
+
+SUMMED = frozenset({"perf/tokens", "rollout/fresh_tokens", "actor/masked_stale_tokens"})
