@@ -119,20 +119,28 @@ def single_node_run(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> l
     return read_metrics(out)
 
 
-def test_three_steps_on_two_nodes_match_one_node_and_resume_on_one(
+def test_three_hsdp_steps_on_two_nodes_match_one_node_and_resume_on_one(
     two_nodes: tuple[str, list[str]],
     assets: Path,
     single_node_run: list[dict],
     tmp_path: Path,
 ) -> None:
+    """2 replicas x 1 shard (each node holds the whole model and only gradients cross) train
+    as one node does; the checkpoint they write resumes as plain FSDP on one node."""
     address, node_ids = two_nodes
     out = tmp_path / "two_nodes"
     done = run_main(
         overrides(
-            assets, out, "trainer.total_steps=3", "trainer.save_freq=2", *on_two_nodes(address)
+            assets,
+            out,
+            "trainer.total_steps=3",
+            "trainer.save_freq=2",
+            "actor.hsdp_replicas=2",
+            *on_two_nodes(address),
         )
     )
     assert "2 nodes x 1" in done.stdout  # the start-up summary says where the workers are
+    assert "HSDP 2 replicas" in done.stdout
 
     # One worker on each node, by Ray's node ids.
     placed = nodes_by_rank(out)
@@ -187,21 +195,17 @@ def test_lora_on_two_nodes_syncs_adapters_only(
         assert m["rollout/logprob_diff_max"] < LOGPROB_DIFF_MAX, m["step"]
 
 
-def test_hsdp_across_two_nodes_trains_as_plain_fsdp(
+@pytest.mark.full  # two nodes run by default with HSDP (the test above)
+def test_plain_fsdp_across_two_nodes_trains_as_one_node(
     two_nodes: tuple[str, list[str]],
     assets: Path,
     single_node_run: list[dict],
     tmp_path: Path,
 ) -> None:
-    """2 replicas x 1 shard: each node holds the whole model and only gradients cross."""
+    """One shard per node: parameters and gradients cross between the nodes."""
     address, _ = two_nodes
-    out = tmp_path / "hsdp"
-    done = run_main(
-        overrides(
-            assets, out, "trainer.total_steps=2", "actor.hsdp_replicas=2", *on_two_nodes(address)
-        )
-    )
-    assert "HSDP 2 replicas" in done.stdout
+    out = tmp_path / "fsdp"
+    run_main(overrides(assets, out, "trainer.total_steps=2", *on_two_nodes(address)))
     metrics = read_metrics(out)
     assert len(set(nodes_by_rank(out).values())) == 2
     for m in metrics:
