@@ -9,7 +9,7 @@ PIP_OPTS ?=
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-full lint typecheck install clean
+.PHONY: demo test test-fast test-full lint typecheck install clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(PY) -m pytest
+
+# The unit tier alone (no Ray, no vLLM): about a minute, for the edit loop.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m unit
 
 # Everything, the `full` variants too (more architectures x LoRA; deselected by `make test`).
 test-full: lint typecheck

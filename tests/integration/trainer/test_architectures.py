@@ -138,6 +138,9 @@ def test_one_grpo_step(
         out,
         "trainer.total_steps=1",
         "trainer.export_hf=false",
+        # One worker: a family's risk is its names, tying and layout; cross-rank behaviour
+        # is the main end-to-end run's (test_grpo_e2e.py), so one engine start suffices.
+        "trainer.num_workers=1",
         "data.train_batch_size=2",
         "algorithm.ppo_mini_batch_size=2",
         "rollout.n=2",
