@@ -96,3 +96,10 @@ def child_env() -> dict[str, str]:
 
 def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def small_config(assets: Path, output_dir: Path, *extra: str) -> TrainerRunConfig:
+    """`small_run_overrides` as a typed config, for an in-process `Driver(config).fit()`."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        cfg = compose("config", overrides=small_run_overrides(assets, output_dir, *extra))
+    return build_config(cfg)

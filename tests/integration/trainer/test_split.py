@@ -3,8 +3,11 @@ transports, both sync styles, the seed's state machine read back from sync_timel
 
 Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
 trainer worker on the tiny demo model. The engine starts from vLLM's dummy (random) weights,
-so a transport that moves nothing fails the log-prob check of step 1. The default run covers
-every transport and every style once; `make test-full` runs the whole matrix.
+so a transport that moves nothing fails the log-prob check of step 1. By default: the
+on-policy nccl run across two nodes and the explorer kill (memory, one step off); the
+fully-async race (test_fully_async.py) carries the checkpoint transport. The style x transport
+matrix runs by default on the toy engine (test_driver_matrix.py); `make test-full` runs it here
+on vLLM.
 """
 
 from __future__ import annotations
@@ -34,10 +37,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 LOGPROB_DIFF_MAX = 0.05  # bf16 noise; fp32 engines measured 0
 STEPS = 3
-# (method, style, offset) cells beyond the on-policy run of each transport: the default run
-# adds one per style (dynamic, and fixed one-step-off); the rest are `full`.
-DEFAULT_CELLS = [("checkpoint", "dynamic_by_explorer", 0)]
+# (method, style, offset) cells beyond the on-policy run of each transport (real engine: full).
 FULL_CELLS = [
+    ("checkpoint", "dynamic_by_explorer", 0),
     ("memory", "fixed", 1),  # also run (killed after step 2) by the default explorer-kill test
     ("nccl", "dynamic_by_explorer", 0),
     ("memory", "dynamic_by_explorer", 0),
@@ -45,6 +47,8 @@ FULL_CELLS = [
     ("checkpoint", "fixed", 1),
 ]
 TRANSPORTS = ("memory", "checkpoint", "nccl")
+ACROSS_NODES = "nccl"
+"""The on-policy run of the default set: the broadcast between two Ray nodes."""
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +130,7 @@ def run_cell(
 
 class OnPolicyRuns:
     """fixed, interval 1, offset 0 over each transport, same seed, each run when first asked
-    for. The memory run goes across a two-node Ray cluster (one CPU per node: explorer and
+    for. The nccl run goes across a two-node Ray cluster (one CPU per node: explorer and
     trainer on different nodes); the other two on one node (both across nodes:
     test_split_nodes.py, full)."""
 
@@ -137,7 +141,7 @@ class OnPolicyRuns:
         out = self.root / method
         if out.exists():
             return out
-        if method != "memory":
+        if method != ACROSS_NODES:
             run_cell(self.assets, out, method, "fixed", 0)
             return out
         cluster, _ = start_cluster()
@@ -156,10 +160,9 @@ def on_policy_runs(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> On
     return OnPolicyRuns(assets, tmp_path_factory.mktemp("on_policy"))
 
 
-# By default the memory transport, across two nodes (nccl and checkpoint run by default in
-# test_fully_async.py and test_split_cell); the other two and their comparison in test-full.
 @pytest.mark.parametrize(
-    "method", [m if m == "memory" else pytest.param(m, marks=pytest.mark.full) for m in TRANSPORTS]
+    "method",
+    [m if m == ACROSS_NODES else pytest.param(m, marks=pytest.mark.full) for m in TRANSPORTS],
 )
 def test_on_policy_means_every_consumed_token_has_lag_zero(
     on_policy_runs: OnPolicyRuns, method: str
@@ -187,14 +190,14 @@ def test_three_transports_give_identical_engine_weights(on_policy_runs: OnPolicy
 PPO = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "trainer.critic_warmup=1")
 
 
-@pytest.mark.parametrize(("method", "style", "offset"), DEFAULT_CELLS)
-def test_split_cell(assets: Path, tmp_path: Path, method: str, style: str, offset: int) -> None:
+@pytest.mark.full  # by default on the toy engine: test_driver_matrix.py
+def test_ppo_with_validation_on_the_explorers(assets: Path, tmp_path: Path) -> None:
     """With validation before training: the explorers load version 0 before it runs (a
     validation on the engine's dummy weights would raise). PPO with a critic: the critic
     lives with the trainer group, learns from step 1, the actor from step 2."""
     out = tmp_path / "run"
     val = [f"data.val_files=[{assets / 'test.jsonl'}]", "trainer.val_before_train=true"]
-    run_cell(assets, out, method, style, offset, *val, *PPO)
+    run_cell(assets, out, *FULL_CELLS[0], *val, *PPO)
     first = read_metrics(out)[0]
     assert first["step"] == 0 and first["val/num_prompts"] == 8, first
     assert 0.0 <= first["val/reward_mean"] <= 1.0
@@ -211,7 +214,7 @@ def test_split_cell(assets: Path, tmp_path: Path, method: str, style: str, offse
 
 
 @pytest.mark.full
-@pytest.mark.parametrize(("method", "style", "offset"), FULL_CELLS)
+@pytest.mark.parametrize(("method", "style", "offset"), FULL_CELLS[1:])
 def test_split_cell_full(
     assets: Path, tmp_path: Path, method: str, style: str, offset: int
 ) -> None:
@@ -269,7 +272,7 @@ def test_a_killed_worker_ends_the_run_naming_its_side(
     assert "WorkerDiedError" in tail and named in tail, tail
 
 
-@pytest.mark.full  # 75 s; the default run is at its 25-minute budget
+@pytest.mark.full
 def test_a_killed_run_resumes_from_the_trainers_checkpoint(assets: Path, tmp_path: Path) -> None:
     """4 steps with a checkpoint at step 2; then the state a kill during step 3's checkpoint
     publish leaves (checkpoints up to step 2, weight version 3 half written, v2 complete)
