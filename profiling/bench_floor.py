@@ -53,10 +53,10 @@ from bench_step import compose_run, prepare
 
 from hybrid.dtypes import Hardware, torch_dtype
 from hybrid.rollout.engine_args import EngineSite, enforce_eager, kv_cache_bytes
+from hybrid.rollout.host import unpad_prompts
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.loop import Driver
 from hybrid.workers.attention import flash_attn_installed, resolve_attn_implementation
-from hybrid.workers.sequences import unpad_prompts
 
 # The demo-sized step: 8 prompts x 4 samples x up to 16 new tokens, lr 1e-4.
 DEMO_SIZE = (

@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybrid.data import Batch
+from hybrid.data.sample import position_ids_from_mask
 from hybrid.memory.sampler import PeakRss
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.balance import balanced_order
@@ -47,7 +48,6 @@ from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.sequences import position_ids_from_mask
 
 PROMPT_WIDTH, RESPONSE_WIDTH = 250, 400
 WORLD = 2

@@ -2,9 +2,11 @@
 
 It generates Samples for its share of a prompt batch and puts them into the experience
 buffer itself (the driver never holds them), loads weight versions from whichever transport
-the run uses, and scores given tokens with the engine (the sync check's explorer side). No
-FSDP model lives here: the explorer's process group and TP meshes are its own, independent
-of the trainer group's.
+the run uses, and scores given tokens with the engine (the sync check's explorer side).
+Generation, scoring and the fully-async streaming are the RolloutHost's (hybrid.rollout.host),
+the same the colocated worker holds; what is the explorer's own is where the weights come
+from. No FSDP model lives here: the explorer's process group and TP meshes are its own,
+independent of the trainer group's.
 """
 
 from __future__ import annotations
@@ -22,64 +24,19 @@ from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
-from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.dtypes import Hardware
-from hybrid.explorer.streaming import InFlight
-from hybrid.rollout.base import GeneratedSample, prompt_budgets
-from hybrid.rollout.scores import response_scores
-from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.rollout.engines import make_engine
+from hybrid.rollout.group import RolloutGroup
+from hybrid.rollout.host import RolloutHost
 from hybrid.sharding.loader import WeightLoader
 from hybrid.transport.buckets import Staging
 from hybrid.transport.checkpoint import read_version
 from hybrid.transport.collective import BroadcastGroup, broadcast_group_for
 from hybrid.transport.memory import get_version
 from hybrid.workers.config import HybridWorkerConfig
-from hybrid.workers.parallel import ParallelState, gather_across_tp, init_parallel
-from hybrid.workers.sequences import unpad_prompts
+from hybrid.workers.parallel import ParallelState, init_parallel
 
 logger = logging.getLogger(__name__)
-
-_PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
-
-
-def row_metadata(prompts: Batch, row: int) -> dict[str, Any]:
-    """A prompt row's other columns (data_source, ground_truth, seed, ...): what its Samples
-    carry as metadata for the rewards."""
-    metadata: dict[str, Any] = {
-        k: v[row] for k, v in prompts.non_tensors.items() if k not in _PROMPT_COLUMNS
-    }
-    metadata.update(
-        {k: t[row].tolist() for k, t in prompts.tensors.items() if k not in _PROMPT_COLUMNS}
-    )
-    return metadata
-
-
-def build_samples(
-    prompts: Batch,
-    prompt_ids: list[list[int]],
-    generated: list[GeneratedSample],
-    n: int,
-    version: int,
-) -> list[Sample]:
-    """n Samples per prompt row, prompt-major; every other column of a row (data_source,
-    ground_truth, seed, ...) becomes the Samples' metadata."""
-    samples = []
-    for i, g in enumerate(generated):
-        row = i // n
-        samples.append(
-            Sample(
-                uid=str(prompts.non_tensors["uid"][row]),
-                index=i % n,
-                prompt_ids=prompt_ids[row],
-                response_ids=g.token_ids,
-                rollout_log_probs=g.log_probs,
-                versions=[version] * len(g.token_ids),
-                status=SampleStatus.COMPLETED if g.stopped else SampleStatus.TRUNCATED,
-                text=g.text,
-                metadata=row_metadata(prompts, row),
-            )
-        )
-    return samples
 
 
 class ExplorerWorker(Worker):
@@ -99,7 +56,7 @@ class ExplorerWorker(Worker):
         self.parallel: ParallelState = init_parallel(self.rank_env, c.rollout.tensor_parallel_size)
         self.hardware = Hardware.detect(self.parallel.device)
         self.dtypes = c.compute_dtypes(self.hardware)
-        self.engine = VllmEngine(
+        self.engine = make_engine(
             c.model.path,
             c.rollout,
             self.parallel.device,
@@ -107,8 +64,12 @@ class ExplorerWorker(Worker):
             site=self.parallel.engine_site(),
         )
         self.loader = WeightLoader(self.engine, c.sync.strategy)
-        self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
-        self._in_flight = InFlight(c.rollout.n, c.rollout.response_length)
+        self.rollout = RolloutHost(
+            self.engine,
+            AutoTokenizer.from_pretrained(c.model.path),
+            RolloutGroup.of_mesh(self.parallel.rollout_mesh),
+            c.rollout,
+        )
         logger.info("explorer rank %d ready (pid %d)", self.rank, os.getpid())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -127,9 +88,9 @@ class ExplorerWorker(Worker):
         """Generate rollout.n Samples per prompt row with the current weights and put them
         into `buffer` (an ExperienceBuffer actor); the first rank of each TP group puts them."""
         started = time.perf_counter()
-        samples = self._generate(prompts)
+        samples = self.rollout.generate(prompts, greedy=False, version=self.version)
         gen_s = time.perf_counter() - started
-        if self.parallel.tp_rank == 0:
+        if self.rollout.group.speaks_for_group:
             ray.get(buffer.put.remote(samples, timeout_s))
         return {
             "samples": float(len(samples)),
@@ -145,92 +106,39 @@ class ExplorerWorker(Worker):
         every sample finished) with the weights held, and put the groups that finished into
         `queue` (a MessageQueue actor; the first rank of each TP group puts them)."""
         started = time.perf_counter()
-        flight = self._in_flight
-        if prompts is not None:
-            dp_size = self.parallel.rollout_mesh.size(0)
-            mine = list(range(self.parallel.dp_rank, len(prompts), dp_size))
-            share = prompts[mine]
-            prompt_ids = unpad_prompts(share.tensors["input_ids"], share.tensors["attention_mask"])
-            budgets = prompt_budgets(share, self.config.rollout.response_length)
-            for row, ids in enumerate(prompt_ids):
-                uid = str(share.non_tensors["uid"][row])
-                flight.add(uid, ids, row_metadata(share, row), budgets[row])
-        for request_id, request in flight.to_submit():
-            self.engine.submit(request_id, request)
-        groups: list[list[Sample]] = []
-        tokens = steps = 0
-        while self.engine.has_unfinished() and (max_steps is None or steps < max_steps):
-            for request_id, new, finished in self.engine.step():
-                tokens += len(new.token_ids)
-                group = flight.record(request_id, new, finished, self.version, self._decode)
-                if group is not None:
-                    groups.append(group)
-            steps += 1
-        first = self.parallel.tp_rank == 0
-        if groups and first:
-            ray.get(queue.put.remote(groups))
+        streamed = self.rollout.stream(prompts, max_steps, self.version)
+        first = self.rollout.group.speaks_for_group
+        if streamed.groups and first:
+            ray.get(queue.put.remote(streamed.groups))
         return {
-            "groups_done": float(len(groups) if first else 0),
-            "pending_groups": float(flight.groups if first else 0),
-            "tokens": float(tokens if first else 0),
+            "groups_done": float(len(streamed.groups) if first else 0),
+            "pending_groups": float(streamed.pending_groups if first else 0),
+            "tokens": float(streamed.tokens if first else 0),
             "gen_s": time.perf_counter() - started,
         }
 
     def _interrupt_streaming(self) -> None:
-        """Take the fully-async requests out of the engine before anything else uses it (a
-        weight load, a validation generate, a scoring pass): they continue from their tokens
-        at the next `stream`."""
-        self.engine.abort(self._in_flight.interrupt())
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+        """Take the fully-async requests out of the engine before a weight load: they continue
+        from their tokens at the next `stream`."""
+        self.rollout.interrupt()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: Batch, greedy: bool = True) -> Batch:
         """One response per prompt row as a Batch (validation), with the weights held."""
-        samples = self._generate(prompts, greedy)
-        width = prompts.tensors["input_ids"].shape[1]
-        return samples_to_batch(
-            samples, self.config.rollout.response_length, self.tokenizer.pad_token_id, width
-        )
-
-    def _generate(self, prompts: Batch, greedy: bool = False) -> list[Sample]:
-        self._interrupt_streaming()
-        c = self.config.rollout
-        n = 1 if greedy else c.n
-        prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
-        seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
-        budgets = prompt_budgets(prompts, c.response_length)
-        requests = list(zip(prompt_ids, seeds, budgets, strict=True))
-        shared, mine = gather_across_tp(self.parallel, requests)
-        shared_seeds = [seed for _, seed, _ in shared]
-        generated = self.engine.generate(
-            [request for request, _, _ in shared],
-            greedy=greedy,
-            seeds=None if None in shared_seeds else shared_seeds,
-            max_tokens=[budget for _, _, budget in shared],
-        )[mine.start * n : mine.stop * n]
-        return build_samples(prompts, prompt_ids, generated, n, self.version)
+        samples = self.rollout.generate(prompts, greedy, version=self.version)
+        return self.rollout.to_batch(samples, prompts.tensors["input_ids"].shape[1])
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_engine_log_prob(self, batch: Batch) -> Batch:
         """The engine's log-probs of the given responses under the weights it holds."""
-        self._interrupt_streaming()
-        sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
-        shared, mine = gather_across_tp(self.parallel, sequences)
-        scores = self.engine.score(shared)[mine]
-        return Batch.from_dict(
-            {"engine_log_probs": response_scores(scores, batch.tensors["response_mask"])}
-        )
+        return self.rollout.score(batch)
 
     # --- weights -------------------------------------------------------------------------
 
     def _load(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         started = time.perf_counter()
         self._interrupt_streaming()
-        self.loader.load(weights)
-        # Cached prefixes were computed by the old weights.
-        self.engine.llm.reset_prefix_cache()
+        self.loader.load(weights)  # resets the prefix cache (computed by the old weights)
         self.version = version
         return time.perf_counter() - started
 

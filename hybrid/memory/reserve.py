@@ -9,7 +9,7 @@ the external launcher), each counted when its group has more than one rank:
                    replica (W / H consecutive ranks)
   hsdp replicate   H > 1: the gradient all-reduce across replicas (H ranks, W / H apart)
   rollout tp       rollout.tensor_parallel_size > 1: the rollout mesh's tp group
-                   (hybrid.workers.parallel.gather_across_tp)
+                   (hybrid.rollout.group.RolloutGroup.gather)
   vllm world       vLLM's world GroupCoordinator: a torch NCCL group of all W ranks
   vllm tp          tp > 1: vLLM's tensor-parallel group (a torch NCCL group) ...
   vllm tp pynccl   ... and its PyNccl communicator, a second ncclComm of the same ranks

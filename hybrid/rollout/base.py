@@ -1,13 +1,14 @@
 """The RolloutEngine protocol: everything the rollout host, the mode switch and the loaders
-need from an engine; nobody reaches past it (no `engine.llm`), so a second engine (the
+need from an engine; nobody reaches past it into vLLM's own objects, so a second engine (the
 deterministic `ToyEngine` of the driver tests) plugs in behind the same calls.
 
 The verbs: `generate` and `score` (whole batches); `submit` / `step` / `abort` /
 `has_unfinished` (request by request, for partial rollouts); `load_weights` (streamed, in
 place), `load_adapter`, `after_load` and `reset_prefix_cache` (after a sync); `release` (free
 the KV cache, and weights where the engine can) and `resume` (bring back what `release` freed,
-by tag); `shutdown`. `model`, `weight_layout` and `quantization` describe the engine's own
-module for the in-place loaders and the checksum.
+by tag); `shutdown`. `model`, `weight_layout`, `quantization` and `dtype` describe the engine's
+own module for the in-place loaders and the checksum; `resident`, `kv_cache_bytes` and
+`weights_kept_on_host` tell the memory ledger what the engine holds where.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from hybrid.data import Batch
+from hybrid.dtypes import Dtype
 
 ResumeTag = Literal["weights", "kv_cache"]
 
@@ -68,6 +70,29 @@ class RolloutEngine(Protocol):
     @property
     def quantization(self) -> str | None:
         """The quantization method the checkpoint was loaded with (None: unquantized)."""
+        ...
+
+    @property
+    def dtype(self) -> Dtype:
+        """The engine's weights and compute (resolved): what the sync casts the actor's
+        weights to."""
+        ...
+
+    @property
+    def resident(self) -> set[ResumeTag]:
+        """What the engine holds on its device now: `release` empties it where the engine can
+        free memory, `resume` refills it by tag."""
+        ...
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of KV cache the engine allocated (while "kv_cache" is resident)."""
+        ...
+
+    @property
+    def weights_kept_on_host(self) -> bool:
+        """After `release` the weights wait in host memory (to come back by `resume`) rather
+        than being dropped (the next sync rewrites them)."""
         ...
 
     def generate(

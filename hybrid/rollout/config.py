@@ -1,4 +1,5 @@
-"""RolloutConfig: the vLLM engine and its sampling settings."""
+"""RolloutConfig: the rollout engine (vLLM, or the toy engine of the driver tests) and its
+sampling settings."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from typing import Literal
 from hybrid.dtypes import DTYPE_CHOICES, DtypeChoice
 from hybrid.validation import check_choice, check_positive, check_range
 
+ENGINES = ("vllm", "toy")
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    engine: Literal["vllm", "toy"] = "vllm"
+    """Which engine generates. vllm: the in-process vLLM engine (hybrid.rollout.vllm_engine).
+    toy: a deterministic engine over the Hugging Face model itself (hybrid.rollout.toy_engine),
+    for tests of the driver logic that need no vLLM; the vLLM-only settings below
+    (memory, eager mode, load format) do not apply to it."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism; the rollout mesh is (world / tp) x tp."""
     dtype: DtypeChoice = "auto"
@@ -55,6 +63,7 @@ class RolloutConfig:
     """Release the KV cache in trainer mode (vLLM sleep mode on CUDA)."""
 
     def __post_init__(self) -> None:
+        check_choice("rollout", "engine", self.engine, ENGINES)
         check_positive(
             "rollout",
             tensor_parallel_size=self.tensor_parallel_size,

@@ -121,6 +121,11 @@ class VllmEngine:
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in caches}
         return sum(storages.values())
 
+    @property
+    def weights_kept_on_host(self) -> bool:
+        """Sleep level 1 moves the weights to pinned host memory; level 2 drops them."""
+        return self.sleep_level == 1
+
     def generate(
         self,
         prompts: Sequence[list[int]],

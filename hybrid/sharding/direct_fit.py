@@ -9,6 +9,8 @@ and then a copy writes the wrong thing without any error:
   - fused mixture-of-experts layers: every expert's projections stacked into one tensor whose
     loader needs an expert id;
   - a checkpoint whose config names a quantization method at all.
+An engine module with no vLLM layer at all (the toy engine's Hugging Face model) is ruled out
+too: direct is built on vLLM's per-layer weight loaders; such an engine loads by its own reload.
 A CPU engine's packed (oneDNN) linears are a separate case, handled by the Repacker.
 `direct_blockers` lists what rules `direct` out; `auto` then takes vLLM's `reload`, which
 runs each layer's own post-load processing, and `direct` asked for explicitly is refused.
@@ -39,7 +41,10 @@ class EngineLayer:
 
 def direct_blockers(layers: Iterable[EngineLayer], quantization: str | None) -> list[str]:
     """Why a direct load would not be exact for this engine (empty: it is)."""
+    layers = list(layers)
     blockers = []
+    if not layers:
+        blockers.append("the engine's module has no vLLM layers (it is not a vLLM model)")
     if quantization is not None:
         blockers.append(f"the checkpoint is quantized ({quantization})")
     for layer in layers:

@@ -11,7 +11,9 @@ Two strategies, one adapter:
   reload: vLLM's `reload_weights` with a streaming iterator: its generic layer-wise reload,
           which also handles layers the direct path does not (quantized linears).
 `auto` takes direct wherever the engine's layout allows it and every weight keeps its Hugging
-Face layout (no quantized or fused-expert layers: hybrid.sharding.direct_fit), else reload.
+Face layout (no quantized or fused-expert layers: hybrid.sharding.direct_fit), else reload. An
+engine whose module is no vLLM model (the toy engine's plain Hugging Face module) always
+reloads: direct knows only vLLM's weight loaders.
 
 Names: the actor speaks Hugging Face names; the engine fuses projections (`packed_modules_mapping`
 on its model: qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) and, with LoRA enabled,
@@ -28,8 +30,8 @@ from typing import Literal
 
 import torch
 
+from hybrid.rollout.base import RolloutEngine, WeightLayout
 from hybrid.rollout.vllm_compat import Repacker, can_repack
-from hybrid.rollout.vllm_engine import VllmEngine, WeightLayout
 from hybrid.sharding.direct_fit import direct_blockers, engine_layers, summarize
 
 logger = logging.getLogger(__name__)
@@ -183,9 +185,11 @@ def load_direct(
 
 
 class WeightLoader:
-    """Streams full tensors into a VllmEngine with the chosen strategy."""
+    """Streams full tensors into a rollout engine with the chosen strategy."""
 
-    def __init__(self, engine: VllmEngine, requested: Literal["auto", "reload", "direct"]) -> None:
+    def __init__(
+        self, engine: RolloutEngine, requested: Literal["auto", "reload", "direct"]
+    ) -> None:
         self.engine = engine
         self.blockers = direct_blockers(engine_layers(engine.model), engine.quantization)
         self.strategy = choose_strategy(

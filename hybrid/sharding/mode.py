@@ -25,7 +25,7 @@ import torch
 
 from hybrid.dtypes import torch_dtype
 from hybrid.memory.ledger import MemoryLedger, TimedIterator
-from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.rollout.base import RolloutEngine
 from hybrid.sharding.checksum import Checksum, recording, verify
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.gather import iter_full_parameters
@@ -79,7 +79,7 @@ class ModeSwitch:
     def __init__(
         self,
         actor: torch.nn.Module,
-        engine: VllmEngine,
+        engine: RolloutEngine,
         offloader: Offloader,
         sync: SyncConfig,
         ledger: MemoryLedger,
@@ -144,7 +144,7 @@ class ModeSwitch:
         started = time.perf_counter()
         released = self._engine_moved(self.engine.release)
         self.ledger.record("trainer/release_kv", reuse_components=not released)
-        self.engine.llm.reset_prefix_cache()
+        self.engine.reset_prefix_cache()
         if self._trainer_rng is not None:
             self._rollout_rng.state = RngState.capture()
             RngState.restore(self._trainer_rng)

@@ -1,9 +1,10 @@
-"""ActorRolloutWorker: the FSDP2 actor and the in-process vLLM engine of one WorkerDict.
+"""ActorRolloutWorker: the FSDP2 actor and the in-process rollout engine of one WorkerDict.
 
-The training half is `ActorWorker`; this class adds VllmEngine (generation) and ModeSwitch
-(the memory hand-over between the two, with the weight sync), and runs every training-side
-phase through the mode switch so that training in rollout mode is an error. The driver
-reaches it through the `actor_rollout` view.
+The training half is `ActorWorker`; this class adds a RolloutHost (generation and scoring,
+the same one the explorer holds: hybrid.rollout.host) and the ModeSwitch that feeds its engine
+the actor's weights (the memory hand-over between the two, with the weight sync), and runs
+every training-side phase through the mode switch so that training in rollout mode is an
+error. The driver reaches it through the `actor_rollout` view.
 """
 
 from __future__ import annotations
@@ -14,18 +15,15 @@ from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, register
 from hybrid.data import Batch
-from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.dtypes import dtype_bytes
 from hybrid.memory.components import ByDevice, full_parameter_count
-from hybrid.rollout.base import prompt_budgets
-from hybrid.rollout.scores import response_scores
-from hybrid.rollout.vllm_engine import VllmEngine
+from hybrid.rollout.engines import make_engine
+from hybrid.rollout.group import RolloutGroup
+from hybrid.rollout.host import RolloutHost
 from hybrid.sharding.checksum import verify
 from hybrid.sharding.config import SyncConfig
 from hybrid.sharding.mode import Mode, ModeSwitch
 from hybrid.workers.actor import ActorWorker, WorkerFacts
-from hybrid.workers.parallel import gather_across_tp
-from hybrid.workers.sequences import unpad_prompts
 
 __all__ = ["ActorRolloutWorker", "WorkerFacts"]
 
@@ -35,7 +33,7 @@ class ActorRolloutWorker(ActorWorker):
         c = self.config
         lora = c.model.lora
         adapter_sync = lora.enabled and c.sync.lora_mode == "adapter"
-        self.engine = VllmEngine(
+        self.engine = make_engine(
             c.model.path,
             c.rollout,
             self.parallel.device,
@@ -43,7 +41,7 @@ class ActorRolloutWorker(ActorWorker):
             lora_rank=lora.rank if adapter_sync else 0,
             site=self.parallel.engine_site(),
         )
-        # vLLM's weights in its dtype, split over the tensor-parallel group. A packed layout
+        # The engine's weights in its dtype, split over the tensor-parallel group. A packed layout
         # holds them in buffers that are not tensors, so count from the shapes.
         self._rollout_weight_bytes = (
             full_parameter_count(self.model)
@@ -52,7 +50,12 @@ class ActorRolloutWorker(ActorWorker):
         )
         self.ledger.track("rollout", self._rollout_components)
         self.ledger.record("init/rollout")
-        self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
+        self.rollout = RolloutHost(
+            self.engine,
+            AutoTokenizer.from_pretrained(c.model.path),
+            RolloutGroup.of_mesh(self.parallel.rollout_mesh),
+            c.rollout,
+        )
         self.modes = ModeSwitch(
             self.model,
             self.engine,
@@ -74,7 +77,7 @@ class ActorRolloutWorker(ActorWorker):
         resident = self.engine.resident
         if "weights" in resident:
             weights = ByDevice({device: self._rollout_weight_bytes})
-        elif self.engine.sleep_level == 1:  # a pinned host copy; level 2 discards them
+        elif self.engine.weights_kept_on_host:
             weights = ByDevice({host: self._rollout_weight_bytes})
         else:
             weights = ByDevice({})
@@ -113,7 +116,8 @@ class ActorRolloutWorker(ActorWorker):
     def generate_sequences(
         self, batch: Batch, greedy: bool = False, auto_mode: bool = True
     ) -> Batch:
-        """Sample one response per row of left-padded `input_ids` / `attention_mask`.
+        """Sample rollout.n responses (one when greedy) per row of left-padded `input_ids` /
+        `attention_mask`, as n adjacent rows that keep the prompt row's other columns.
 
         In trainer mode with auto_mode=True the call enters rollout mode for itself (sync,
         generate, release); with auto_mode=False it requires rollout mode. Rows may carry a
@@ -126,57 +130,21 @@ class ActorRolloutWorker(ActorWorker):
 
     def _generate(self, batch: Batch, greedy: bool) -> Batch:
         self.modes.require(Mode.ROLLOUT, "generate_sequences")
-        n = 1 if greedy else self.config.rollout.n
-        prompt_ids = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
-        seeds = batch.tensors["seed"].tolist() if "seed" in batch else [None] * len(batch)
-        budgets = prompt_budgets(batch, self.config.rollout.response_length)
-        requests = list(zip(prompt_ids, seeds, budgets, strict=True))
-        shared, mine = gather_across_tp(self.parallel, requests)
-        shared_seeds = [seed for _, seed, _ in shared]
+        # Colocated generation runs on the weights of the last sync: one version, lag 0.
         with self.ledger.timed("gen"):
-            generated = self.engine.generate(
-                [request for request, _, _ in shared],
-                greedy=greedy,
-                seeds=None if None in shared_seeds else shared_seeds,
-                max_tokens=[budget for _, _, budget in shared],
-            )[mine.start * n : mine.stop * n]
+            samples = self.rollout.generate(batch, greedy, version=self.modes.num_syncs - 1)
         # Generation allocates nothing a component source counts (the KV cache is awake).
         self.ledger.record("rollout/generate", reuse_components=True)
-        # Colocated generation runs on the weights of the last sync: one version, lag 0.
-        version = self.modes.num_syncs - 1
-        samples = [
-            Sample(
-                uid=f"row-{i // n}",
-                index=i % n,
-                prompt_ids=prompt_ids[i // n],
-                response_ids=g.token_ids,
-                rollout_log_probs=g.log_probs,
-                versions=[version] * len(g.token_ids),
-                status=SampleStatus.COMPLETED,
-                text=g.text,
-            )
-            for i, g in enumerate(generated)
-        ]
-        width = batch.tensors["input_ids"].shape[1]
-        out = samples_to_batch(
-            samples, self.config.rollout.response_length, self.tokenizer.pad_token_id, width
-        ).select(_GENERATED_COLUMNS)
-        rows = batch.repeat(n, interleave=True)  # n adjacent samples per prompt
-        rest = rows.select(
-            [
-                k
-                for k in (*rows.tensors, *rows.non_tensors)
-                if k not in ("input_ids", "attention_mask")
-            ]
-        )
-        return rest.union(out) if rest.keys() else out
+        generated = self.rollout.to_batch(samples, batch.tensors["input_ids"].shape[1])
+        n = 1 if greedy else self.config.rollout.n
+        return beside_prompts(batch, generated.select(_GENERATED_COLUMNS), n)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_engine_log_prob(self, batch: Batch) -> Batch:
         """The engine's log-probs of the given responses (the sync check's other side).
 
-        Scores `input_ids` without padding through vLLM prompt log-probs; enters rollout mode
-        for the call unless already in it.
+        Scores `input_ids` without padding through the engine; enters rollout mode for the
+        call unless already in it.
         """
         if self.modes.mode is Mode.ROLLOUT:
             return self._engine_log_prob(batch)
@@ -184,12 +152,7 @@ class ActorRolloutWorker(ActorWorker):
             return self._engine_log_prob(batch)
 
     def _engine_log_prob(self, batch: Batch) -> Batch:
-        sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
-        shared, mine = gather_across_tp(self.parallel, sequences)
-        scores = self.engine.score(shared)[mine]
-        return Batch.from_dict(
-            {"engine_log_probs": response_scores(scores, batch.tensors["response_mask"])}
-        )
+        return self.rollout.score(batch)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -225,3 +188,15 @@ _GENERATED_COLUMNS = (
     "position_ids",
     "response_text",
 )
+
+
+def beside_prompts(prompts: Batch, generated: Batch, n: int) -> Batch:
+    """The colocated rollout batch: each prompt row repeated n times (adjacent) with its own
+    columns (uid, seed, data_source, ...) beside the generated ones; the padded prompt
+    tensors give way to the generated `input_ids` / `attention_mask`."""
+    rows = prompts.repeat(n, interleave=True)
+    kept = [
+        k for k in (*rows.tensors, *rows.non_tensors) if k not in ("input_ids", "attention_mask")
+    ]
+    rest = rows.select(kept)
+    return rest.union(generated) if rest.keys() else generated

@@ -1,6 +1,6 @@
 """What the model reads for one micro-batch, padded or packed, and where the scores go back.
 
-Padded layout (hybrid.workers.sequences): row i = [left-padded prompt (P)][right-padded
+Padded layout (hybrid.data.sample): row i = [left-padded prompt (P)][right-padded
 response (R)], width S = P + R. Packed layout: the valid tokens of every row concatenated into
 one row of T tokens, position ids restarting at 0 at each sequence. transformers derives a
 block-causal mask from such position ids when no attention mask is given (sdpa; flash-attn

@@ -11,7 +11,6 @@ WorkerDict share the process, so the second caller gets the same state back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,8 +18,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.controller import RankEnv
 from hybrid.rollout.engine_args import EngineSite
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,18 +54,6 @@ class ParallelState:
             self.rank_env.local_rank,
             self.dp_rank,
         )
-
-
-def gather_across_tp(state: ParallelState, items: list[T]) -> tuple[list[T], slice]:
-    """All TP ranks of a rollout group must feed the engine the same requests: concatenate
-    every TP rank's items (in TP-rank order) and return where this rank's own items sit."""
-    if state.tp_size == 1:
-        return items, slice(0, len(items))
-    per_rank: list[list[T] | None] = [None] * state.tp_size
-    dist.all_gather_object(per_rank, items, group=state.rollout_mesh.get_group("tp"))
-    sizes = [len(chunk or []) for chunk in per_rank]
-    start = sum(sizes[: state.tp_rank])
-    return [item for chunk in per_rank for item in (chunk or [])], slice(start, start + len(items))
 
 
 _STATE: ParallelState | None = None

@@ -39,12 +39,12 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from hybrid.data import Batch
+from hybrid.data.sample import position_ids_from_mask
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.memory.records import GIB, MemoryRecord
 from hybrid.models import TinyModelConfig, hf_config
 from hybrid.workers import varlen_attention
 from hybrid.workers.fsdp import _init_rope_buffers
-from hybrid.workers.sequences import position_ids_from_mask
 
 T = TypeVar("T")
 

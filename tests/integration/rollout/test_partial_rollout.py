@@ -48,7 +48,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
                   LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 dist.init_process_group("gloo")
 
-from hybrid.explorer.streaming import InFlight
+from hybrid.rollout.streaming import InFlight
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_engine import VllmEngine
 

@@ -61,3 +61,10 @@ def test_unknown_load_format_names_the_field() -> None:
 def test_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         RolloutConfig().temperature = 0.5  # type: ignore[misc]
+
+
+def test_engine_choices_and_an_unknown_engine_is_named() -> None:
+    assert RolloutConfig().engine == "vllm"
+    assert RolloutConfig(engine="toy").engine == "toy"
+    with pytest.raises(ValueError, match=r"rollout\.engine must be one of \['vllm', 'toy'\]"):
+        RolloutConfig(engine="sglang")  # type: ignore[arg-type]

@@ -12,11 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.data import Batch
+from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.sequences import position_ids_from_mask
 
 pytestmark = pytest.mark.unit
 

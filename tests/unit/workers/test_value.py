@@ -13,10 +13,10 @@ import torch
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from hybrid.data import Batch
+from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.workers.config import CriticConfig
 from hybrid.workers.forward import PassConfig
-from hybrid.workers.sequences import position_ids_from_mask
 from hybrid.workers.value import ValueTrainer, compute_values, warmup_scheduler
 
 pytestmark = pytest.mark.unit

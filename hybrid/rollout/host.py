@@ -1,0 +1,190 @@
+"""RolloutHost: the rollout side of a worker, the same for the colocated actor and the explorer.
+
+It holds one engine (behind the `RolloutEngine` protocol), the tokenizer, this rank's place
+among the engines (`RolloutGroup`) and the rollout settings (`n`, the response budgets), and
+turns prompt rows into Samples:
+  generate  n Samples per prompt row, all under one weight version;
+  score     the engine's log-probs of given responses (the sync check's engine side);
+  stream    fully-async partial rollouts: this rank's share of new rows joins the samples in
+            flight, the engine steps, finished groups come back (hybrid.rollout.streaming).
+Where the weights come from is the worker's business (the mode switch colocated, a transport
+in the explorer); the host runs the engine on whatever it holds. Streaming requests leave the
+engine (`interrupt`) before any other use of it, and before a weight load.
+
+A Sample's `uid` is its prompt row's `uid` column (the GRPO group), or `row-<i>` (the row's
+position in the call) for prompt batches without one; every other column of the row except
+the tokens becomes the Sample's metadata (data_source, ground_truth, seed, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybrid.data import Batch
+from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
+from hybrid.rollout.base import GeneratedSample, RolloutEngine, prompt_budgets
+from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.group import RolloutGroup
+from hybrid.rollout.scores import response_scores
+from hybrid.rollout.streaming import InFlight
+
+_PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
+"""Prompt columns a Sample holds in its own fields, not in its metadata."""
+
+
+def unpad_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """The real tokens of each left-padded prompt row."""
+    return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask, strict=True)]
+
+
+def prompt_uids(prompts: Batch) -> list[str]:
+    """Each row's group id: its `uid` column, else `row-<i>`."""
+    if "uid" in prompts:
+        return [str(uid) for uid in prompts.non_tensors["uid"]]
+    return [f"row-{row}" for row in range(len(prompts))]
+
+
+def row_metadata(prompts: Batch, row: int) -> dict[str, Any]:
+    """A prompt row's other columns (data_source, ground_truth, seed, ...): what its Samples
+    carry as metadata for the rewards."""
+    metadata: dict[str, Any] = {
+        k: v[row] for k, v in prompts.non_tensors.items() if k not in _PROMPT_COLUMNS
+    }
+    metadata.update(
+        {k: t[row].tolist() for k, t in prompts.tensors.items() if k not in _PROMPT_COLUMNS}
+    )
+    return metadata
+
+
+def build_samples(
+    prompts: Batch,
+    prompt_ids: list[list[int]],
+    generated: list[GeneratedSample],
+    n: int,
+    version: int,
+) -> list[Sample]:
+    """n Samples per prompt row (prompt-major, as the engine returns them), every token
+    marked with `version`."""
+    if len(generated) != n * len(prompts):
+        raise ValueError(
+            f"the engine returned {len(generated)} samples for {len(prompts)} prompts x {n}"
+        )
+    uids = prompt_uids(prompts)
+    metadata = [row_metadata(prompts, row) for row in range(len(prompts))]
+    return [
+        Sample(
+            uid=uids[i // n],
+            index=i % n,
+            prompt_ids=prompt_ids[i // n],
+            response_ids=g.token_ids,
+            rollout_log_probs=g.log_probs,
+            versions=[version] * len(g.token_ids),
+            status=SampleStatus.COMPLETED if g.stopped else SampleStatus.TRUNCATED,
+            text=g.text,
+            metadata=dict(metadata[i // n]),
+        )
+        for i, g in enumerate(generated)
+    ]
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """What one `stream` call produced on this rank."""
+
+    groups: list[list[Sample]]
+    """Groups whose every sample finished during the call, each in index order."""
+    tokens: int
+    """Tokens the engine generated during the call."""
+    pending_groups: int
+    """Groups still generating (in the engine or waiting to be submitted again)."""
+
+
+class RolloutHost:
+    def __init__(
+        self, engine: RolloutEngine, tokenizer: Any, group: RolloutGroup, config: RolloutConfig
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.group = group
+        self.config = config
+        self.in_flight = InFlight(config.n, config.response_length)
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def generate(self, prompts: Batch, greedy: bool, version: int) -> list[Sample]:
+        """`rollout.n` Samples per row of left-padded `input_ids` / `attention_mask` (one when
+        greedy), produced by weight `version`. An optional `seed` column seeds each row's
+        requests; an `extra_info` column may cap a row's budget (hybrid.rollout.base)."""
+        self.interrupt()
+        n = 1 if greedy else self.config.n
+        prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+        seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
+        budgets = prompt_budgets(prompts, self.config.response_length)
+        requests = list(zip(prompt_ids, seeds, budgets, strict=True))
+        shared, mine = self.group.gather(requests)
+        shared_seeds = [seed for _, seed, _ in shared]
+        generated = self.engine.generate(
+            [ids for ids, _, _ in shared],
+            greedy=greedy,
+            seeds=None if None in shared_seeds else shared_seeds,
+            max_tokens=[budget for _, _, budget in shared],
+        )[mine.start * n : mine.stop * n]
+        return build_samples(prompts, prompt_ids, generated, n, version)
+
+    def to_batch(self, samples: list[Sample], prompt_width: int) -> Batch:
+        """The padded training batch of `samples` (hybrid.data.sample.samples_to_batch)."""
+        return samples_to_batch(
+            samples, self.config.response_length, self.pad_token_id, prompt_width
+        )
+
+    def score(self, batch: Batch) -> Batch:
+        """`engine_log_probs` (b, R): the engine's log-prob of each response token of
+        `input_ids` (padding removed), under the weights it holds."""
+        self.interrupt()
+        sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
+        shared, mine = self.group.gather(sequences)
+        # One positional argument: tests swap `score` for a base-model scorer of that shape.
+        scores = self.engine.score(shared)[mine]
+        return Batch.from_dict(
+            {"engine_log_probs": response_scores(scores, batch.tensors["response_mask"])}
+        )
+
+    def stream(self, prompts: Batch | None, max_steps: int | None, version: int) -> Streamed:
+        """Take this rank's share of `prompts` (every dp_size-th row, from dp_rank; None: no
+        new rows) into the samples in flight, then step the engine `max_steps` times (None:
+        until every sample finished); new tokens are marked with `version`."""
+        flight = self.in_flight
+        if prompts is not None:
+            share = prompts[list(range(self.group.dp_rank, len(prompts), self.group.dp_size))]
+            prompt_ids = unpad_prompts(share.tensors["input_ids"], share.tensors["attention_mask"])
+            budgets = prompt_budgets(share, self.config.response_length)
+            for row, (uid, ids) in enumerate(zip(prompt_uids(share), prompt_ids, strict=True)):
+                flight.add(uid, ids, row_metadata(share, row), budgets[row])
+        for request_id, request in flight.to_submit():
+            self.engine.submit(request_id, request)
+        groups: list[list[Sample]] = []
+        tokens = steps = 0
+        while self.engine.has_unfinished() and (max_steps is None or steps < max_steps):
+            for request_id, new, finished in self.engine.step():
+                tokens += len(new.token_ids)
+                group = flight.record(request_id, new, finished, version, self.decode)
+                if group is not None:
+                    groups.append(group)
+            steps += 1
+        return Streamed(groups=groups, tokens=tokens, pending_groups=flight.groups)
+
+    def interrupt(self) -> None:
+        """Take the streaming requests out of the engine before anything else uses it (a
+        weight load, a generate, a scoring pass): they continue from their tokens at the
+        next `stream`."""
+        request_ids = self.in_flight.interrupt()
+        if request_ids:
+            self.engine.abort(request_ids)
