@@ -184,6 +184,11 @@ def load_direct(
     repacker.finish()
 
 
+def is_vllm_module(model: torch.nn.Module) -> bool:
+    """The engine's module is one of vLLM's model classes (read without importing vLLM)."""
+    return type(model).__module__.startswith("vllm.")
+
+
 class WeightLoader:
     """Streams full tensors into a rollout engine with the chosen strategy."""
 
@@ -191,6 +196,13 @@ class WeightLoader:
         self, engine: RolloutEngine, requested: Literal["auto", "reload", "direct"]
     ) -> None:
         self.engine = engine
+        self.names: EngineNames | None = None
+        if not is_vllm_module(engine.model):
+            # Direct is built on vLLM's per-layer loaders; asking whether it fits would
+            # import vLLM into a process that runs the toy engine for nothing.
+            self.blockers = ["the engine's module is not a vLLM model"]
+            self.strategy = choose_strategy(requested, engine.weight_layout, False, self.blockers)
+            return
         self.blockers = direct_blockers(engine_layers(engine.model), engine.quantization)
         self.strategy = choose_strategy(
             requested, engine.weight_layout, can_repack(engine.model), self.blockers
@@ -199,9 +211,14 @@ class WeightLoader:
             logger.warning("sync.strategy=auto: reload, not direct: %s", summarize(self.blockers))
         self.names = EngineNames.of(engine.model)
 
+    def engine_name(self, hf_name: str) -> str:
+        """The engine's name of a Hugging Face tensor (a non-vLLM module uses HF names)."""
+        return hf_name if self.names is None else self.names.engine_name(hf_name)
+
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.strategy == "reload":
             self.engine.load_weights(weights)
             return
+        assert self.names is not None  # direct is chosen only for a vLLM model
         load_direct(self.engine.model, self.names, weights)
         self.engine.after_load()

@@ -221,7 +221,7 @@ class ModeSwitch:
         weights = gathered
         if self.sync_config.verify_checksum:
             self.last_checksums = {}
-            weights = recording(gathered, self.last_checksums, self._loader.names.engine_name)
+            weights = recording(gathered, self.last_checksums, self._loader.engine_name)
         self._loader.load(weights)
         if self.sync_config.verify_checksum:
             verify(self.engine.model, self.last_checksums)
