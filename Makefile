@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Extra pip options, e.g. PyTorch's CPU wheel index on a laptop (see README).
+# Extra pip options, e.g. PyTorch's CPU wheel index on a laptop (see docs/install.md).
 PIP_OPTS ?=
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed

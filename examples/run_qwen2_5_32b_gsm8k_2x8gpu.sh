@@ -6,7 +6,7 @@
 #   peak 51.30 GiB at rollout/generate (budget 78.50 GiB, margin +27.20 GiB); KV cache 33.44 GiB
 #   = 547,808 tokens (one rollout needs 491,520 per engine); update/backward 43.44 GiB.
 #
-# First start the Ray cluster (README, "More than one machine"):
+# First start the Ray cluster (docs/multi-node.md):
 #   node 1:  ray start --head --port=6379 --num-gpus=8
 #   node 2:  ray start --address=<node 1's IP>:6379 --num-gpus=8
 # then run this script on node 1. MODEL must be a local Hugging Face directory and, like

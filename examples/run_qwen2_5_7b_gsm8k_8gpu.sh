@@ -2,7 +2,7 @@
 # GRPO on GSM8K with Qwen2.5-7B-Instruct: one node, 8 x 80 GB GPUs, vLLM tensor parallel 2.
 # Settings: configs/qwen2_5_7b_gsm8k_8gpu.yaml. Predicted per-GPU memory, phase by phase:
 #   python -m profiling.plan --config-name qwen2_5_7b_gsm8k_8gpu --model Qwen2.5-7B --gpu-memory-gib 80
-# (its output is in the README, "Will it fit?").
+# (its output is in docs/memory.md).
 #
 # MODEL is a local Hugging Face directory (no download happens here).
 set -euo pipefail

@@ -7,8 +7,7 @@
 # from rank 0's GPU straight into receive buffers on each explorer GPU (two buckets of memory
 # on each side), never through host memory; sync.verify_checksum=true adds a host copy of
 # each bucket on both sides to hash it.
-# Settings: configs/qwen2_5_7b_gsm8k_8gpu.yaml plus the overrides below (README, "Decoupled
-# training"). Not yet run on a GPU: the CPU suite covers the same code with gloo in place of
+# Settings: configs/qwen2_5_7b_gsm8k_8gpu.yaml plus the overrides below (docs/modes.md). Not yet run on a GPU: the CPU suite covers the same code with gloo in place of
 # NCCL, and tests/gpu/test_nccl_transport.py checks the NCCL broadcast on 2 GPUs.
 #
 # MODEL is a local Hugging Face directory (no download happens here).

@@ -10,7 +10,7 @@
 #   on the device; trainer-side peak ref/forward 8.58 GiB, update/backward 8.46 GiB;
 #   steady state: trainer 2.25 GiB, rollout 46.99 GiB; KV cache 37.50 GiB = 1,404,224 tokens
 #   (one rollout needs 491,520 per engine); sync: 0.15 GiB of adapters (the first: the base).
-# (The full output is in the README, "Will it fit?".)
+# (The full output is in docs/memory.md.)
 #
 # MODEL is a local Hugging Face directory (no download happens here).
 set -euo pipefail

@@ -4,7 +4,7 @@ The training half every placement shares: the model and its optimizer, the offlo
 the scoring and update passes (PolicyTrainer), checkpoints and exports. `ActorRolloutWorker`
 adds the in-process engine and the mode switch (colocated); the split placement's trainer
 workers use this class as it is and publish their weights through a transport
-(`hybrid.workers.publish`). Training-side work runs inside `self._phase(...)`, which onloads
+(`hybrid.workers.trainer_worker`). Training-side work runs inside `self._phase(...)`, which onloads
 and offloads by config and marks the memory ledger.
 """
 

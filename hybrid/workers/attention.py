@@ -31,7 +31,7 @@ def resolve_attn_implementation(
         if not flash_installed:
             raise ValueError(
                 "model.attn_implementation=flash_attention_2 needs flash-attn, which is not "
-                "installed; install `.[flash]` (README, GPU) or use sdpa (or auto)"
+                "installed; install `.[flash]` (docs/install.md) or use sdpa (or auto)"
             )
         if not on_cuda:
             raise ValueError(
