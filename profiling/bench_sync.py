@@ -50,7 +50,6 @@ from hybrid.controller import (
     RayWorkerGroup,
     register,
 )
-from hybrid.memory.sampler import PeakRss
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
@@ -58,6 +57,10 @@ from hybrid.sharding.gather import group_parameters, iter_full_parameters
 from hybrid.torch_compat import all_gather_single
 from hybrid.workers.actor_rollout import ActorRolloutWorker
 from hybrid.workers.config import ActorConfig, HybridWorkerConfig, LoraConfig, ModelConfig
+
+# Run as a script: its siblings import by file name, here and in the Ray workers.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sampler import PeakRss
 
 MODES = ("tensor", "layer", "bucket")
 LORA_RANK = 8

@@ -29,6 +29,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +41,6 @@ import torch.multiprocessing as mp
 
 from hybrid.data import Batch
 from hybrid.data.sample import position_ids_from_mask
-from hybrid.memory.sampler import PeakRss
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.balance import balanced_order
 from hybrid.workers import varlen_attention
@@ -48,6 +48,10 @@ from hybrid.workers.config import ActorConfig
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.policy import PolicyTrainer
+
+# Run as a script: its siblings import by file name, here and in the spawned ranks.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sampler import PeakRss
 
 PROMPT_WIDTH, RESPONSE_WIDTH = 250, 400
 WORLD = 2

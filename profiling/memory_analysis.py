@@ -4,7 +4,7 @@ Owns loading `OUTPUT_DIR/memory.jsonl` (hybrid/memory/records.py) into a MemoryR
 resumed run's re-recorded steps replaced; the per-phase aggregation over the steady window;
 the global peak and its transient; the component breakdown at the steady states; the drift
 of the steady states per step; the measured peaks that the memory planner's are compared
-with; and the one call into the planner (hybrid.memory.planner). Nothing here renders:
+with; and the one call into the planner (hybrid.planner.plan). Nothing here renders:
 profiling/memory_report.py writes the markdown and runs the CLI, profiling/memory_plot.py
 draws the timeline.
 """
@@ -320,11 +320,11 @@ def load_config(output_dir: Path) -> Any:
 
 
 def planner_prediction(config: Any, model: str, gpu_memory_gib: float) -> Prediction:
-    """The one place that calls hybrid.memory.planner."""
+    """The one place that calls the planner (hybrid.planner.plan)."""
     try:
-        from hybrid.memory import planner
+        from hybrid.planner import plan as planner
     except ImportError as error:
-        raise PredictionUnavailable(f"hybrid.memory.planner is not importable: {error}") from error
+        raise PredictionUnavailable(f"hybrid.planner.plan is not importable: {error}") from error
     try:
         shape = planner.model_shape(model)
         critic = config.critic.model.path if config.use_critic else None

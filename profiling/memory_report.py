@@ -16,7 +16,7 @@ boundary) and writes `memory_report.md` and `memory_timeline.png`. The report sh
    attributed vs measured, and what was offloaded to the host;
 5. drift: the steady-state memory per step, its least-squares slope, and a warning when the
    memory creeps;
-6. predicted vs measured peaks per phase, from the memory planner (hybrid.memory.planner);
+6. predicted vs measured peaks per phase, from the memory planner (hybrid.planner.plan);
    on CPU the measured peak leaves out the `runtime` and `engine_overhead` components, which
    the planner predicts as 0 there;
 7. links to the CUDA memory snapshots the trainer recorded, if any.

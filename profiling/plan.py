@@ -6,7 +6,7 @@
 
 Composes configs/NAME.yaml with the Hydra overrides exactly like `python -m hybrid.main`
 (same typed config, same validation) but does not check that the data files exist, and
-prints hybrid.memory.planner's per-phase prediction for one worker: the phase table, the
+prints hybrid.planner's per-phase prediction for one worker: the phase table, the
 trainer-mode and rollout-mode components, the KV cache in tokens, the CUDA reserve (context,
 NCCL communicators, fragmentation), each node's host RAM and FITS / DOES NOT FIT with the
 margin (and a warning when the margin is within the reserve's uncertainty). `--suggest` adds
@@ -40,11 +40,11 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybrid.memory.model_shape import known_presets
-from hybrid.memory.plan_format import format_plan, format_suggestions, to_json
-from hybrid.memory.planner import model_shape, plan_memory
-from hybrid.memory.reserve import DEFAULT_GPU, GPU_KINDS
-from hybrid.memory.suggest import suggest
+from hybrid.memory.model_shape import known_presets, model_shape
+from hybrid.planner.format import format_plan, format_suggestions, to_json
+from hybrid.planner.plan import plan_memory
+from hybrid.planner.reserve import DEFAULT_GPU, GPU_KINDS
+from hybrid.planner.suggest import suggest
 from hybrid.trainer.compose import CONFIG_DIR, compose, config_names, to_run_config
 from hybrid.trainer.config import TrainerRunConfig
 

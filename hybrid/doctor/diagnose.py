@@ -5,7 +5,7 @@ Sections, in the report's order: versions (hybrid.doctor.stack), gpus (hybrid.do
 environment (hybrid.doctor.environment), then here: attention (model.attn_implementation as
 hybrid.workers.attention resolves it), rollout (what hybrid.rollout.engine_args hands vLLM on
 this device, and an explicit GPU KV cache checked against the model), memory (the planner's
-verdict, hybrid.memory.planner) and inputs (model.path and the data files).
+verdict, hybrid.planner.plan) and inputs (model.path and the data files).
 
 GPU memory for the plan: the smallest GPU torch sees here, else `gpu_memory_gib` (stated as
 assumed). On CPU the workers share the host: its RAM / the workers per node.
@@ -21,7 +21,7 @@ from hybrid.doctor.placement import placement_checks
 from hybrid.doctor.stack import stack_checks, versions
 from hybrid.doctor.verdict import Check, PlanSummary, Report
 from hybrid.memory.model_shape import ModelShape, known_presets
-from hybrid.memory.planner import plan_memory
+from hybrid.planner.plan import plan_memory
 from hybrid.rollout.engine_args import (
     MIN_GPU_KV_SEQUENCES,
     EngineSite,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 DEFAULT_GPU_MEMORY_GIB = 80.0
 UNSET = "???"
 GPU_KINDS = {"H200": "h200", "H100": "h100", "A100": "a100"}
-"""GPU names -> the planner's GPU kind (hybrid.memory.reserve), matched in the device name."""
+"""GPU names -> the planner's GPU kind (hybrid.planner.reserve), matched in the device name."""
 
 
 def diagnose(
@@ -198,7 +198,7 @@ def memory_checks(
     )
     unit = "GPU" if config.trainer.use_gpu else "worker"
     where = f"{memory:.1f} GiB per {unit}, {source}; model {plan.model}, {shape_source}"
-    # The planner words its host-RAM problem "host RAM: ..." (hybrid.memory.planner).
+    # The planner words its host-RAM problem "host RAM: ..." (hybrid.planner.plan).
     host = [p for p in plan.problems if p.startswith("host RAM")]
     device = [p for p in plan.problems if p not in host]
     suggest = (

@@ -1,5 +1,6 @@
-"""Where the bytes go: the per-phase memory ledger (ledger.py), the byte accounting of the
-objects that hold them (components.py), the record format both write (records.py) and the
-planner that predicts them from a config (planner.py: the phases and the fit; planner_sizes.py:
-the bytes of each component and transient; reserve.py: what a CUDA process holds outside
-torch's allocator, NCCL communicators included; host.py: host RAM per node)."""
+"""Where the bytes go, measured at run time: the per-phase memory ledger (ledger.py), the byte
+accounting of the objects that hold them (components.py), the record format both write
+(records.py) and a model's shape without its weights (model_shape.py, which the rollout
+engine sizes its KV cache with). Workers import this package every step, so it imports no
+config above it; the offline planner that predicts the same records from a run's config is
+hybrid.planner."""

@@ -1,4 +1,4 @@
-"""`ModelShape`: the sizes of a causal LM that the memory planner needs, without its weights.
+"""`ModelShape`: the sizes of a causal LM that memory accounting needs, without its weights.
 
 A shape comes from a Hugging Face config, either read from a model directory or written
 here for a named preset (the Qwen2.5 family, and the locally built `tiny` / `bench-100m`
@@ -10,9 +10,12 @@ From the shapes follow everything the planner sizes: the FSDP2 shard of a rank (
 dim 0 with `torch.chunk` semantics, so rank 0 holds ceil(rows / world) rows of every
 parameter: the largest shard), the decoder layers (names `...layers.N...`), the root module's
 parameters (embedding, final norm, LM head: gathered by FSDP2 for the whole forward), the
-largest tensor, the groups the weight sync gathers, and the LoRA adapters. The per-token
-sizes (KV cache, saved activations, working sets) are methods too; their derivation is in
-hybrid.memory.planner_sizes's docstring.
+largest tensor and the LoRA adapters. The per-token sizes (KV cache, saved activations,
+working sets) are methods too; their derivation is in docs/memory-model.md ("Saved
+activations", "KV cache", "Generation").
+
+It lives here, not in the planner (hybrid.planner), because the rollout engine sizes its KV
+cache with it at start-up: a worker-side module may import it.
 """
 
 from __future__ import annotations
@@ -70,8 +73,9 @@ class ModelShape:
     params: tuple[ParamShape, ...]
     """(name, shape) of every distinct parameter, in `named_parameters()` order."""
 
-    # The planner asks for the same sizes thousands of times (suggest); the caches below are
-    # keyed on the shape, whose hash is computed once instead of over every parameter.
+    # The planner asks for the same sizes thousands of times (hybrid.planner.suggest); the
+    # caches below are keyed on the shape, whose hash is computed once instead of over every
+    # parameter.
     @functools.cached_property
     def _hash(self) -> int:
         return hash((self.name, self.params))
@@ -137,12 +141,8 @@ class ModelShape:
             self, name=f"{self.name} (value model)", tied_embeddings=False, params=kept + head
         )
 
-    def gather_peak(self, mode: str, bucket_bytes: int) -> int:
-        """Elements of the largest group the weight sync gathers at once."""
-        return _gather_peak(self, mode, bucket_bytes)
-
     # Per-token sizes (bytes); `cb` is the compute dtype's size. The derivation is in
-    # hybrid.memory.planner_sizes's docstring.
+    # docs/memory-model.md, "Saved activations", "KV cache" and "Generation".
 
     def kv_bytes_per_token(self, tp: int) -> int:
         """K and V of every layer in bf16, KV heads split by tensor parallelism."""
@@ -211,18 +211,6 @@ def _shard(shape: ModelShape, world: int, lora_rank: int, largest: bool) -> int:
     params = shape.lora_params(lora_rank) if lora_rank else shape.params
     sizes = [-(-dims[0] // world) * (_numel(dims) // dims[0]) if dims else 1 for _, dims in params]
     return max(sizes, default=0) if largest else sum(sizes)
-
-
-@functools.cache
-def _gather_peak(shape: ModelShape, mode: str, bucket_bytes: int) -> int:
-    """The sync's own `group_parameters` on meta tensors (bf16, like the sync)."""
-    import torch
-
-    from hybrid.sharding.gather import group_parameters
-
-    named = [(name, torch.empty(dims, device="meta")) for name, dims in shape.params]
-    groups = group_parameters(named, mode, bucket_bytes, torch.bfloat16)  # type: ignore[arg-type]
-    return max(sum(t.numel() for _, t in group) for group in groups)
 
 
 def model_shape(path_or_preset: str) -> ModelShape:

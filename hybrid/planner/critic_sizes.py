@@ -1,9 +1,8 @@
 """The memory planner's byte model of PPO's critic (algorithm.adv_estimator=gae): the value
 model one worker holds beside the actor, and the transients of its two passes. The critic is
 the actor's decoder with a scalar head (ModelShape.value_model), sharded and trained the way
-the actor is (hybrid.workers.critic), so the terms are the actor's of
-hybrid.memory.planner_sizes without the LM head; see that module's docstring for the
-notation and the derivation of each term.
+the actor is (hybrid.workers.critic), so the terms are the actor's of hybrid.planner.sizes
+without the LM head; docs/memory-model.md gives the notation and the derivation of each term.
 
 Resident (COMPONENTS names):
   critic_params           P_v/W x bytes(critic.master_dtype), P_v the value model's
@@ -34,15 +33,15 @@ from typing import TYPE_CHECKING
 
 from hybrid.dtypes import dtype_bytes, resolve_dtype
 from hybrid.memory.model_shape import ModelShape
-from hybrid.memory.planner_sizes import (
+from hybrid.planner.passes import (
     Bytes,
     MicroBatch,
     largest_moment,
     micro_batch_of,
-    planned_hardware,
     reduce_bytes,
     unsharded_bytes,
 )
+from hybrid.planner.sizes import planned_hardware
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig

@@ -8,10 +8,10 @@ import dataclasses
 import json
 from typing import Any
 
-from hybrid.memory.planner import PhasePrediction, Plan
 from hybrid.memory.records import COMPONENTS, STEADY_PHASES
-from hybrid.memory.reserve import RESERVE_UNCERTAINTY
-from hybrid.memory.suggest import CHANGE_ORDER, Suggestion
+from hybrid.planner.plan import PhasePrediction, Plan
+from hybrid.planner.reserve import RESERVE_UNCERTAINTY
+from hybrid.planner.suggest import CHANGE_ORDER, Suggestion
 
 
 def _unit(plan: Plan) -> tuple[str, float]:

@@ -1,5 +1,5 @@
 """The memory planner's host side: what each node's host RAM holds for the run, from the
-same config and shape as the device plan (hybrid.memory.planner_sizes's notation: W workers,
+same config and shape as the device plan (docs/memory-model.md's notation: W workers,
 N = trainer.workers_per_node of them per node, P parameters).
 
 Every node, steady state (N x one worker's, CUDA only: on CPU nothing moves or sleeps):
@@ -50,11 +50,12 @@ from typing import TYPE_CHECKING
 
 from hybrid.dtypes import dtype_bytes
 from hybrid.memory.model_shape import ModelShape, ParamShape
-from hybrid.memory.planner_sizes import WorkerSizes, lora_targets
 from hybrid.memory.records import GIB
+from hybrid.planner.adapters import lora_targets
+from hybrid.planner.sizes import WorkerSizes
 
 if TYPE_CHECKING:
-    from hybrid.memory.critic_sizes import CriticSizes
+    from hybrid.planner.critic_sizes import CriticSizes
 
 __all__ = ["HOST_PARTS", "HostMemory", "host_memory", "pinned_block"]
 

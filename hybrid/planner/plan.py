@@ -6,11 +6,11 @@ without a GPU.
 hybrid.memory.records.STEP_PHASES, the components resident at the phase's peak (COMPONENTS
 names, so the memory report puts them next to the measured ones) and the transient bytes that
 make the peak. This module places them in the phases and judges the fit; what each of them
-weighs, and the derivation (LoRA included), is hybrid.memory.planner_sizes's.
-hybrid.memory.reserve sizes what is kept free outside the phases (CUDA context, NCCL
-communicators, fragmentation), hybrid.memory.host the host RAM per node;
-hybrid.memory.suggest searches the cheapest config changes that make an over-budget run fit;
-hybrid.memory.plan_format prints a plan. Per worker (one GPU), steady state (step >= 2:
+weighs is hybrid.planner.sizes's, derived in docs/memory-model.md (LoRA included).
+hybrid.planner.reserve sizes what is kept free outside the phases (CUDA context, NCCL
+communicators, fragmentation), hybrid.planner.host the host RAM per node;
+hybrid.planner.suggest searches the cheapest config changes that make an over-budget run fit;
+hybrid.planner.format prints a plan. Per worker (one GPU), steady state (step >= 2:
 AdamW's state exists).
 
 actor.param_offload / actor.optimizer_offload / ref.param_offload park their tensors on the
@@ -82,12 +82,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybrid.memory.critic_sizes import CriticSizes
-from hybrid.memory.host import HostMemory, host_memory
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, model_shape
-from hybrid.memory.planner_sizes import Bytes, WorkerSizes, lora_rank_of, lora_targets
 from hybrid.memory.records import COMPONENTS, GIB, step_phases
-from hybrid.memory.reserve import DEFAULT_GPU, GPU_KINDS, RESERVE_UNCERTAINTY, Reserve, cuda_reserve
+from hybrid.planner.adapters import lora_rank_of, lora_targets
+from hybrid.planner.critic_sizes import CriticSizes
+from hybrid.planner.host import HostMemory, host_memory
+from hybrid.planner.passes import Bytes
+from hybrid.planner.reserve import (
+    DEFAULT_GPU,
+    GPU_KINDS,
+    RESERVE_UNCERTAINTY,
+    Reserve,
+    cuda_reserve,
+)
+from hybrid.planner.sizes import WorkerSizes
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -111,7 +119,7 @@ class Plan:
     device: str
     """"cuda" (trainer.use_gpu) or "cpu"."""
     gpu: str
-    """The GPU kind planned for (hybrid.memory.reserve.GPU_KINDS)."""
+    """The GPU kind planned for (hybrid.planner.reserve.GPU_KINDS)."""
     gpu_memory_gib: float
     reserve_gib: float
     """Kept free on CUDA (0 on CPU): reserve.total_gib."""
@@ -133,7 +141,7 @@ class Plan:
     kv_tokens_needed: int
     """Tokens one rollout needs per engine to run all its sequences at once."""
     host_gib: dict[str, float]
-    """Host RAM of every node in steady state, by hybrid.memory.host.HOST_PARTS name."""
+    """Host RAM of every node in steady state, by hybrid.planner.host.HOST_PARTS name."""
     host_steady_gib: float
     host_startup_gib: float
     """Rank 0's full state dict at startup, on rank 0's node beside the steady state."""

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybrid.memory.model_shape import ModelShape
-from hybrid.memory.planner import Plan, plan_memory
-from hybrid.memory.planner_sizes import lora_rank_of
-from hybrid.memory.reserve import DEFAULT_GPU
+from hybrid.planner.adapters import lora_rank_of
+from hybrid.planner.plan import Plan, plan_memory
+from hybrid.planner.reserve import DEFAULT_GPU
+from hybrid.planner.sizes import gather_peak
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -97,8 +98,8 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
         if lora_rank and c.sync.lora_mode == "merge":
             return []
         bucket = c.sync.bucket_mb << 20
-        layer = shape.gather_peak("layer", bucket)
-        return ["layer"] if shape.gather_peak(current, bucket) > layer else []
+        layer = gather_peak(shape, "layer", bucket)
+        return ["layer"] if gather_peak(shape, current, bucket) > layer else []
     if key.endswith("_offload"):  # no-ops on CPU; the reference may not exist
         return [True] if gpu and not current and (uses_ref or key != "ref.param_offload") else []
     if key.endswith("gradient_checkpointing"):

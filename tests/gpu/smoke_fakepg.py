@@ -212,7 +212,7 @@ def consume(
 def compare_with_plan(
     smoke: Smoke, plan_path: Path, vocab: int, measured: dict[str, dict[str, Any]]
 ) -> None:
-    """Measured peak per phase next to the plan's (hybrid.memory.plan_format.to_json), and
+    """Measured peak per phase next to the plan's (hybrid.planner.format.to_json), and
     next to the plan less what this run does not hold (engine, reference)."""
     if not plan_path.is_file():
         smoke.skip("plan_comparison", f"no planner JSON at {plan_path}")

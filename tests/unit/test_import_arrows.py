@@ -1,6 +1,6 @@
-"""The package's dependency arrows point one way (DESIGN.md, "Data flow"): read every module's
-imports (typing-only imports included, they are arrows too for a reader) and check the rules
-that keep the layers apart."""
+"""The package's dependency arrows point one way (docs/architecture.md, "Import arrows"): read
+every module's imports (typing-only and function-local imports included, they are arrows too
+for a reader) and check the rules that keep the layers apart."""
 
 from __future__ import annotations
 
@@ -22,7 +22,24 @@ FORBIDDEN = {
     "data": {"workers", "trainer", "sharding", "rollout", "controller", "rewards", "algorithms"},
     "rewards": {"workers", "trainer", "sharding", "rollout", "controller", "algorithms"},
     "workers": {"trainer", "explorer", "synchronizer", "buffer"},
-    # The decoupled modes' seams (DESIGN.md, "Decoupled modes").
+    # The runtime memory ledger: workers, the sync and the engine import it every step, so it
+    # knows none of them and no config above it (the offline planner is hybrid.planner).
+    "memory": {
+        "workers",
+        "trainer",
+        "controller",
+        "sharding",
+        "rollout",
+        "explorer",
+        "synchronizer",
+        "buffer",
+        "transport",
+        "planner",
+        "doctor",
+    },
+    # The doctor runs the planner; the planner never asks the doctor.
+    "planner": {"doctor"},
+    # The decoupled modes' seams (docs/architecture.md, "Import arrows").
     "transport": {
         "workers",
         "trainer",
@@ -63,10 +80,13 @@ FORBIDDEN = {
     },
     "explorer": {"trainer", "synchronizer"},
 }
-# Only these may import the trainer (the entry points: main.py, and the doctor, which composes
-# and judges a run's config before anything starts; the memory planner reads its config type
-# for annotations only).
-TRAINER_IMPORTERS = {"main.py", "trainer", "memory", "doctor"}
+# Only the top floor may import the trainer: the entry point main.py, the doctor (it composes
+# and judges a run's config before anything starts) and the offline planner (it reads the run
+# config).
+TRAINER_IMPORTERS = {"main.py", "trainer", "planner", "doctor"}
+# The planner sits on the same floor: what runs a step (workers, rollout, sharding, memory ...)
+# must not depend on the tool that predicts it.
+PLANNER_IMPORTERS = {"main.py", "trainer", "planner", "doctor"}
 
 
 def layer_of(path: Path) -> str:
@@ -110,8 +130,20 @@ def test_nothing_but_the_entry_point_imports_the_trainer() -> None:
     assert not wrong, wrong
 
 
+def test_nothing_below_the_top_floor_imports_the_planner() -> None:
+    wrong = [
+        str(path.relative_to(PACKAGE))
+        for path in modules()
+        if "planner" in imported_layers(path) and layer_of(path) not in PLANNER_IMPORTERS
+    ]
+    assert not wrong, wrong
+
+
 def test_the_rules_see_real_imports() -> None:
     # A check that reads nothing passes vacuously: the sync does import the engine.
     assert "rollout" in imported_layers(PACKAGE / "sharding" / "loader.py")
     assert "sharding" in imported_layers(PACKAGE / "workers" / "actor_rollout.py")
     assert "transport" in imported_layers(PACKAGE / "explorer" / "worker.py")
+    # ... and the planner's arrows: down to the run config (typing-only), up from the doctor.
+    assert "trainer" in imported_layers(PACKAGE / "planner" / "plan.py")
+    assert "planner" in imported_layers(PACKAGE / "doctor" / "diagnose.py")

@@ -1,4 +1,4 @@
-"""Unit tests for `hybrid.memory.planner` and its CLI `profiling.plan`: configs are composed
+"""Unit tests for `hybrid.planner.plan` and its CLI `profiling.plan`: configs are composed
 from configs/ with Hydra overrides (like the CLI and the trainer), expectations are computed
 by hand from the Qwen2.5 sizes where they can be (parameter count, shard and optimizer bytes,
 gather sizes, KV tokens), and the trends that matter are checked: peaks grow with the
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.memory.planner import Plan, model_shape, plan_memory
+from hybrid.memory.model_shape import model_shape
 from hybrid.memory.records import COMPONENTS, GIB, step_phases
-from hybrid.memory.suggest import suggest
+from hybrid.planner.plan import Plan, plan_memory
+from hybrid.planner.suggest import suggest
 from hybrid.trainer.config import TrainerRunConfig
 from profiling.plan import as_hydra_override, compose, compose_config, main
 

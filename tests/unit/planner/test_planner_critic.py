@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.memory.planner import Plan, model_shape, plan_memory
+from hybrid.memory.model_shape import model_shape
 from hybrid.memory.records import CRITIC_PHASES, GIB, STEP_PHASES, step_phases
-from hybrid.memory.suggest import suggest
+from hybrid.planner.plan import Plan, plan_memory
+from hybrid.planner.suggest import suggest
 from profiling.plan import compose_config, main
 
 pytestmark = pytest.mark.unit

@@ -11,17 +11,18 @@ import json
 
 import pytest
 
-from hybrid.memory.plan_format import format_plan, to_json
-from hybrid.memory.planner import Plan, model_shape, plan_memory
+from hybrid.memory.model_shape import model_shape
 from hybrid.memory.records import GIB
-from hybrid.memory.reserve import (
+from hybrid.planner.format import format_plan, to_json
+from hybrid.planner.plan import Plan, plan_memory
+from hybrid.planner.reserve import (
     CONTEXT_BYTES,
     FRAGMENTATION_BYTES,
     NVLS_COMMUNICATOR_BYTES,
     RESERVE_UNCERTAINTY,
     RING_COMMUNICATOR_BYTES,
 )
-from hybrid.memory.suggest import suggest
+from hybrid.planner.suggest import suggest
 from profiling.plan import compose_config, main
 
 pytestmark = pytest.mark.unit

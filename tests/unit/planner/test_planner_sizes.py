@@ -1,4 +1,4 @@
-"""Unit tests for the micro-batch and logits terms of `hybrid.memory.planner_sizes`: the chunked
+"""Unit tests for the micro-batch and logits terms of `hybrid.planner.sizes`: the chunked
 log-prob head (model.log_prob_chunk_tokens) lowers every trainer-side peak of the 8-GPU
 Qwen2.5-7B preset and leaves no (tokens, vocab) tensor; chunk 0 is the full-logits formula the
 planner had before it, figures included; token budgets (use_dynamic_bsz) set the tokens per
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid.memory.planner import Plan, model_shape, plan_memory
+from hybrid.memory.model_shape import model_shape
 from hybrid.memory.records import GIB
-from hybrid.memory.suggest import suggest
+from hybrid.planner.plan import Plan, plan_memory
+from hybrid.planner.suggest import suggest
 from profiling.plan import compose_config
 
 pytestmark = pytest.mark.unit
