@@ -15,7 +15,6 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import ray
@@ -29,10 +28,8 @@ from hybrid.rollout.engines import make_engine
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost
 from hybrid.sharding.loader import WeightLoader
-from hybrid.transport.buckets import Staging
-from hybrid.transport.checkpoint import read_version
-from hybrid.transport.collective import BroadcastGroup, broadcast_group_for
-from hybrid.transport.memory import get_version
+from hybrid.transport.base import GroupTransport, Payload, WeightTransport
+from hybrid.transport.factory import make_transport
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.parallel import ParallelState, init_parallel
 
@@ -44,11 +41,8 @@ class ExplorerWorker(Worker):
         self.config = config
         self.version = -1
         """The weight version in the engine (-1: the dummy weights it started with)."""
-        self._broadcast: BroadcastGroup | None = None
-        self._staging: Staging | None = None
-        """Receive buffers of the broadcast transport on its device (the GPU under NCCL), made
-        when the group is joined and kept between syncs (two: one bucket loads into the engine
-        while the next arrives)."""
+        self._transport: WeightTransport | None = None
+        """This rank's receiving end of the run's transport (made at its first use)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_engine(self) -> None:
@@ -135,39 +129,30 @@ class ExplorerWorker(Worker):
 
     # --- weights -------------------------------------------------------------------------
 
-    def _load(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+    def _receiving_end(self) -> WeightTransport:
+        if self._transport is None:
+            self._transport = make_transport(self.config.sync, "receiver", self.parallel.device)
+        return self._transport
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_weights(self, version: int, payload: Payload) -> float:
+        """Load `version` from the run's transport (`payload`: what its publisher announced;
+        a rendezvous transport receives it while the trainer sends); the seconds taken."""
         started = time.perf_counter()
+        weights = self._receiving_end().receive(version, payload)
         self._interrupt_streaming()
         self.loader.load(weights)  # resets the prefix cache (computed by the old weights)
         self.version = version
         return time.perf_counter() - started
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_from_memory(self, version: int, refs: list[Any]) -> float:
-        """Load `version` from the object store (its bucket refs); returns the seconds taken."""
-        return self._load(version, get_version(refs, version=version))
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_from_checkpoint(self, version: int, path: str) -> float:
-        """Load the complete version directory `path` (its manifest's checksums verified with
-        sync.verify_checksum)."""
-        return self._load(version, read_version(path, self.config.sync.verify_checksum))
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def join_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Join the trainer's broadcast group (rank 0 is the trainer's rank 0), on this rank's
-        device: NCCL into GPU buffers on a GPU, gloo into host buffers on the CPU."""
-        self._broadcast = broadcast_group_for(
-            self.parallel.device, host, port, 1 + self.rank, world_size, timeout_s
-        )
-        self._staging = Staging(slots=2, device=self._broadcast.device)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_from_broadcast(self, version: int) -> float:
-        if self._broadcast is None:
-            raise RuntimeError("load_from_broadcast before join_broadcast")
-        # The loaders copy every tensor as it arrives, so received buckets can share a buffer.
-        return self._load(version, self._broadcast.receive(staging=self._staging))
+    def join_transport(self, host: str, port: int, world_size: int) -> None:
+        """Join the rendezvous transport's group at `host:port` (collective with the trainer's
+        rank 0), on this rank's device: NCCL into GPU buffers on a GPU, gloo on the CPU."""
+        transport = self._receiving_end()
+        if not isinstance(transport, GroupTransport):
+            raise RuntimeError(f"{type(transport).__name__} has no group to join")
+        transport.join(host, port, world_size, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_digest(self) -> dict[str, Any]:
@@ -184,6 +169,6 @@ class ExplorerWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engine(self) -> None:
-        if self._broadcast is not None:
-            self._broadcast.close()
+        if self._transport is not None:
+            self._transport.close()
         self.engine.shutdown()

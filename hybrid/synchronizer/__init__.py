@@ -3,11 +3,13 @@ syncs, the published weight versions and the timeline. Knows no tensors and no m
 
 states.py  the four states and each (method, side)'s allowed moves (pure)
 policy.py  the `fixed` and `dynamic_by_explorer` schedules and their lag bound (pure)
+decide.py  each side's "sync now?" on one view of the Synchronizer (pure)
 actor.py   the Synchronizer class and its threaded Ray actor
 errors.py  PeerStoppedError
 """
 
 from hybrid.synchronizer.actor import Synchronizer, SynchronizerActor
+from hybrid.synchronizer.decide import SyncView, explorer_syncs, offer_open, trainer_publishes
 from hybrid.synchronizer.errors import PeerStoppedError
 from hybrid.synchronizer.policy import SyncPolicy, SyncStyle
 from hybrid.synchronizer.states import (
@@ -28,6 +30,7 @@ __all__ = [
     "SyncPolicy",
     "SyncState",
     "SyncStyle",
+    "SyncView",
     "Synchronizer",
     "SynchronizerActor",
     "Transition",
@@ -35,4 +38,7 @@ __all__ = [
     "allowed_transitions",
     "check_timeline",
     "check_transition",
+    "explorer_syncs",
+    "offer_open",
+    "trainer_publishes",
 ]

@@ -22,6 +22,7 @@ from typing import Any
 
 import ray
 
+from hybrid.synchronizer.decide import SyncView
 from hybrid.synchronizer.errors import PeerStoppedError
 from hybrid.synchronizer.states import (
     METHODS,
@@ -103,6 +104,18 @@ class Synchronizer:
         with self._cond:
             self._state_of(side)
             return self._versions[side]
+
+    def view(self) -> SyncView:
+        """Both sides' states and versions and the newest published version, read at one
+        moment (what the sides decide on: hybrid.synchronizer.decide)."""
+        with self._cond:
+            return SyncView(
+                trainer=self._states["trainer"],
+                explorer=self._states["explorer"],
+                trainer_version=self._versions["trainer"],
+                explorer_version=self._versions["explorer"],
+                newest=self._published[-1][0] if self._published else -1,
+            )
 
     def timeline(self) -> list[dict[str, Any]]:
         with self._cond:

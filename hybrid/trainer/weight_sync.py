@@ -1,13 +1,16 @@
 """The split placement's two sides of a weight sync, as the Synchronizer's state machine says.
 
-`WeightChannel` knows, per transport, what publishing a version (trainer side) and loading
-one (explorer side) means; `trainer_sync` and `explorer_sync` decide when, from the style
-(`SyncPolicy`) and the other side's state, and move their side through the four states:
+`WeightChannel` publishes a version (trainer side) and loads one (explorer side) over the run's
+`WeightTransport` (hybrid/transport: sync.method is read there, nowhere here). `SyncSides`
+decides when, from the style (`SyncPolicy`) and one view of the Synchronizer
+(hybrid.synchronizer.decide), and moves its side through the four states. Its one branch is on
+the transport's `rendezvous`, which picks the route a version takes:
 
-  nccl:              trainer RUNNING -> WAITING_SYNC -> RUNNING (the broadcast needs both)
+  rendezvous (nccl): trainer RUNNING -> WAITING_SYNC -> RUNNING (the broadcast needs both)
                      explorer RUNNING -> REQUIRE_SYNC -> WAITING_SYNC -> RUNNING
-  memory/checkpoint: trainer stays RUNNING (publishes and goes on)
-                     explorer RUNNING -> REQUIRE_SYNC -> RUNNING (pulls the newest version)
+  publish and go on: trainer stays RUNNING (publishes and goes on)
+  (memory,           explorer RUNNING -> REQUIRE_SYNC -> RUNNING (pulls the newest version)
+   checkpoint)
 
 Versions: 0 is the initial weights; the trainer's step t turns version t-1 into t. Every wait
 has a deadline (sync.timeout_s); a dynamic request not answered in time is retried at the
@@ -19,15 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
 from hybrid.controller import RayWorkerGroup, WorkerGroupView
 from hybrid.data import Batch
 from hybrid.sharding.config import SyncConfig
+from hybrid.synchronizer.decide import SyncView, explorer_syncs, trainer_publishes
 from hybrid.synchronizer.policy import SyncPolicy
-from hybrid.synchronizer.states import SyncState
+from hybrid.synchronizer.states import Side, SyncState
+from hybrid.transport.factory import transport_class
 
 RUNNING, REQUIRE, WAITING = SyncState.RUNNING, SyncState.REQUIRE_SYNC, SyncState.WAITING_SYNC
 
@@ -62,7 +67,7 @@ class SyncTimes:
 
 
 class WeightChannel:
-    """Publishing and loading a version over sync.method."""
+    """Publishing and loading a version over the run's transport (sync.method)."""
 
     def __init__(
         self,
@@ -72,6 +77,9 @@ class WeightChannel:
         explorers: RayWorkerGroup,
     ) -> None:
         self.method = sync.method
+        """For reports only: what the transport is, not how it behaves."""
+        self.rendezvous = transport_class(sync).rendezvous
+        """Both sides meet for every version (the explorers receive while the trainer sends)."""
         self.timeout_s = sync.timeout_s
         self.verify = sync.verify_checksum
         self.synchronizer = synchronizer
@@ -79,36 +87,109 @@ class WeightChannel:
         self.explorers = explorers
 
     def connect(self) -> None:
-        """nccl: build the broadcast group (trainer rank 0 + every explorer rank) once."""
-        if self.method != "nccl":
+        """A rendezvous transport: form its group (trainer rank 0 + every explorer rank) once."""
+        if not self.rendezvous:
             return
-        host, port = self.trainer.broadcast_address()
+        host, port = self.trainer.transport_address()
         world = 1 + self.explorers.world_size
-        joining = self.explorers.join_broadcast.submit(host, port, world, self.timeout_s)
-        self.trainer.join_broadcast(host, port, world, self.timeout_s)
+        joining = self.explorers.join_transport.submit(host, port, world)
+        self.trainer.join_transport(host, port, world)
         joining.get(timeout=self.timeout_s)
 
     def publish(self, version: int) -> float:
-        publish = {
-            "nccl": self.trainer.publish_to_broadcast,
-            "memory": self.trainer.publish_to_memory,
-            "checkpoint": self.trainer.publish_to_checkpoint,
-        }[self.method]
-        return float(publish(version, self.synchronizer)[0])
+        """The trainer publishes its weights as `version`; the seconds it took."""
+        return float(self.trainer.publish_weights(version, self.synchronizer)[0])
 
     def load(self, version: int) -> float:
-        """Load `version` into every explorer (for nccl: while the trainer publishes it)."""
-        if self.method == "nccl":
-            return float(max(self.explorers.load_from_broadcast(version)))
+        """Load `version` into every explorer (rendezvous: while the trainer publishes it;
+        else from the payload the Synchronizer keeps for it); the slowest rank's seconds."""
+        payload = None if self.rendezvous else self._payload(version)
+        return float(max(self.explorers.load_weights(version, payload)))
+
+    def _payload(self, version: int) -> Any:
         newest, payload = ray.get(self.synchronizer.newest.remote())
-        if newest != version:
-            version, payload = version, ray.get(self.synchronizer.payload.remote(version))
-        load = (
-            self.explorers.load_from_memory
-            if self.method == "memory"
-            else self.explorers.load_from_checkpoint
+        if newest == version:
+            return payload
+        return ray.get(self.synchronizer.payload.remote(version))
+
+
+class _Route(Protocol):
+    """How a version travels between the sides: the acts that differ by `rendezvous`."""
+
+    def publish(self, version: int) -> None:
+        """Trainer side: get `version` to the explorer."""
+        ...
+
+    def version_to_load(self, view: SyncView, held: int, min_version: int) -> int | None:
+        """Explorer side, having asked (REQUIRE_SYNC): the version to load now, waiting for it
+        if need be; None when the wait timed out."""
+        ...
+
+    def load(self, version: int, held: int) -> float:
+        """Explorer side: load `version` into the engine; the seconds it took."""
+        ...
+
+
+class _Rendezvous:
+    """The trainer offers a version (WAITING_SYNC) and sends it once the explorer has joined
+    (WAITING_SYNC too): both halves of the broadcast run at the same time."""
+
+    def __init__(self, sides: SyncSides) -> None:
+        self.sides = sides
+
+    def publish(self, version: int) -> None:
+        """Offer `version`, wait for the explorer to join, send it. An explorer that finished
+        (or died: the driver raises its error next) ends the offer."""
+        s = self.sides
+        s.set_state("trainer", WAITING, version)
+        seen = ray.get(
+            s.sync.wait_for_state.remote(
+                "explorer", [WAITING, SyncState.STOPPED], s.timeout_s, "trainer"
+            )
         )
-        return float(max(load(version, payload)))
+        if seen is None:
+            raise SyncTimeoutError(
+                f"the explorer did not join the broadcast of weight version {version} within "
+                f"sync.timeout_s={s.timeout_s}s"
+            )
+        if SyncState(seen) is WAITING:
+            s.times.publish_s += s.channel.publish(version)
+        s.set_state("trainer", RUNNING, version)
+
+    def version_to_load(self, view: SyncView, held: int, min_version: int) -> int | None:
+        # The offer is the trainer's version now: its schedule, not the explorer, picks it.
+        s = self.sides
+        seen = ray.get(
+            s.sync.wait_for_state.remote(
+                "trainer", [WAITING], s.timeout_s, "explorer", min_version=held + 1
+            )
+        )
+        return None if seen is None else int(ray.get(s.sync.version.remote("trainer")))
+
+    def load(self, version: int, held: int) -> float:
+        self.sides.set_state("explorer", WAITING, held)  # the trainer starts sending
+        return self.sides.channel.load(version)
+
+
+class _PublishAndGoOn:
+    """The trainer publishes into a store (object store, directory) and goes on; the explorer
+    loads the newest version kept there."""
+
+    def __init__(self, sides: SyncSides) -> None:
+        self.sides = sides
+
+    def publish(self, version: int) -> None:
+        self.sides.times.publish_s += self.sides.channel.publish(version)
+
+    def version_to_load(self, view: SyncView, held: int, min_version: int) -> int | None:
+        if view.newest >= min_version:
+            return view.newest
+        s = self.sides
+        got = ray.get(s.sync.wait_for_version.remote(min_version, s.timeout_s, "explorer"))
+        return None if got is None else int(got)
+
+    def load(self, version: int, held: int) -> float:
+        return self.sides.channel.load(version)
 
 
 class SyncSides:
@@ -122,8 +203,8 @@ class SyncSides:
         self.channel = channel
         self.sync = synchronizer
         self.total_steps = total_steps
-        self.nccl = channel.method == "nccl"
         self.timeout_s = channel.timeout_s
+        self.route: _Route = _Rendezvous(self) if channel.rendezvous else _PublishAndGoOn(self)
         self.times = SyncTimes()
         self.explorer_version = -1
         self.verify = channel.verify
@@ -135,11 +216,14 @@ class SyncSides:
         """With sync.verify_checksum: per loaded version, the digest of the engine's readable
         tensors (the same for every transport and every explorer rank)."""
 
-    def _set(self, side: str, state: SyncState, version: int | None = None, note: str = "") -> None:
+    def set_state(
+        self, side: Side, state: SyncState, version: int | None = None, note: str = ""
+    ) -> None:
         ray.get(self.sync.set_state.remote(side, state, version, note))
 
-    def _state(self, side: str) -> SyncState:
-        return SyncState(ray.get(self.sync.state.remote(side)))
+    def _view(self) -> SyncView:
+        view: SyncView = ray.get(self.sync.view.remote())
+        return view
 
     # --- trainer side --------------------------------------------------------------------
 
@@ -148,64 +232,27 @@ class SyncSides:
         Called after each step and while waiting for data."""
         if version >= self.total_steps:
             return  # no explorer step is left to use it
-        newest, _ = ray.get(self.sync.newest.remote())
-        if newest >= version or self._state("explorer") is SyncState.STOPPED:
-            return
-        asked = (
-            self.policy.style == "dynamic_by_explorer"
-            and self._state("explorer") in (REQUIRE, WAITING)
-            and ray.get(self.sync.version.remote("explorer")) < version
-        )
-        if not ((after_step and self.policy.trainer_publishes_after(version)) or asked):
-            return
-        if not self.nccl:
-            self.times.publish_s += self.channel.publish(version)
-            return
-        self._broadcast(version)
-
-    def _broadcast(self, version: int) -> None:
-        """nccl: offer `version`, wait for the explorer to join, send it. An explorer that
-        finished (or died: the driver raises its error next) ends the offer."""
-        self._set("trainer", WAITING, version)
-        seen = ray.get(
-            self.sync.wait_for_state.remote(
-                "explorer", [WAITING, SyncState.STOPPED], self.timeout_s, "trainer"
-            )
-        )
-        if seen is None:
-            raise SyncTimeoutError(
-                f"the explorer did not join the broadcast of weight version {version} within "
-                f"sync.timeout_s={self.timeout_s}s"
-            )
-        if SyncState(seen) is WAITING:
-            self.times.publish_s += self.channel.publish(version)
-        self._set("trainer", RUNNING, version)
+        if trainer_publishes(self._view(), self.policy, version, after_step):
+            self.route.publish(version)
 
     def start(self, version: int) -> None:
         """Both sides leave STOPPED before either loop runs (so STOPPED means gone)."""
-        self._set("trainer", RUNNING, version, note="start")
-        self._set("explorer", RUNNING, -1, note="start")
+        self.set_state("trainer", RUNNING, version, note="start")
+        self.set_state("explorer", RUNNING, -1, note="start")
 
     def initial_sync(self, version: int, first_explorer_step: int) -> None:
         """Both sides at once, before either loop runs: the trainer publishes the weights the
-        explorer starts from (0, or the resumed step) and the explorer loads them (nccl needs
-        the two halves at the same time, so the explorer's runs on a thread of its own). A
-        side that fails is marked stopped, which wakes the other at once."""
-        if self.channel.method == "checkpoint":
-            self.channel.trainer.prepare_checkpoint_dir(version)
+        explorer starts from (0, or the resumed step) and the explorer loads them (a
+        rendezvous needs the two halves at the same time, so the explorer's runs on a thread
+        of its own). A side that fails is marked stopped, which wakes the other at once."""
         with ThreadPoolExecutor(1, thread_name_prefix="initial-sync") as pool:
             explorer = pool.submit(
                 self._stopping_on_error, "explorer", self.explorer_sync, first_explorer_step
             )
-            if self.nccl:
-                self._stopping_on_error("trainer", self._broadcast, version)
-            else:
-                self.times.publish_s += self._stopping_on_error(
-                    "trainer", self.channel.publish, version
-                )
+            self._stopping_on_error("trainer", self.route.publish, version)
             explorer.result()
 
-    def _stopping_on_error(self, side: str, work: Callable[..., Any], *args: Any) -> Any:
+    def _stopping_on_error(self, side: Side, work: Callable[..., Any], *args: Any) -> Any:
         """`work(*args)`; if it raises, `side` is marked stopped first (waking the other)."""
         try:
             return work(*args)
@@ -224,94 +271,60 @@ class SyncSides:
         asks = self.policy.style == "dynamic_by_explorer" and self.policy.explorer_requests(
             step, held
         )
-        if self.nccl:
-            if not (must or asks or self._offered(held)):
-                return
-            self._set("explorer", REQUIRE, held)
-            seen = self._wait_for_offer(held)
-            if seen is None:
-                self._give_up(step, required, must)
-                return
-            version = int(ray.get(self.sync.version.remote("trainer")))
-            self._probe(held)
-            self._set("explorer", WAITING, held)
-            self._loaded(version, self.channel.load(version))
-            return
-        newest, _ = ray.get(self.sync.newest.remote())
-        fresher = self.policy.style == "fixed" and newest > held
-        if not (must or asks or fresher):
-            return
-        self._set("explorer", REQUIRE, held)
-        if newest <= held or newest < required:
-            got = ray.get(
-                self.sync.wait_for_version.remote(
-                    max(required, held + 1), self.timeout_s, "explorer"
-                )
-            )
-            if got is None:
-                self._give_up(step, required, must)
-                return
-            newest = int(got)
-        self._probe(held)
-        self._loaded(newest, self.channel.load(newest))
+        self._explorer_update(
+            wanted=must or asks,
+            takes_newer=self.policy.style == "fixed",
+            min_version=max(required, held + 1),
+            timeout_error=(
+                f"explorer step {step} needs weight version >= {required} (sync.max_staleness="
+                f"{self.policy.max_staleness}, style {self.policy.style}) and the trainer did "
+                f"not publish it within sync.timeout_s={self.timeout_s}s"
+                if must
+                else None
+            ),
+        )
 
     def explorer_catch_up(self, wait: bool) -> int:
         """Fully-async: load the newest version if the trainer has a newer one than the
-        engine holds (nccl: if it is offering one now); with `wait`, block until it has.
+        engine holds (rendezvous: if it is offering one now); with `wait`, block until it has.
         Returns the version held afterwards."""
         held = self.explorer_version
-        if self.nccl:
-            if not (wait or self._offered(held)):
-                return held
-            self._set("explorer", REQUIRE, held)
-            seen = self._wait_for_offer(held)
-            if seen is None:
-                raise SyncTimeoutError(self._no_newer_version(held))
-            version = int(ray.get(self.sync.version.remote("trainer")))
-            self._probe(held)
-            self._set("explorer", WAITING, held)
-            self._loaded(version, self.channel.load(version))
-            return version
-        newest, _ = ray.get(self.sync.newest.remote())
-        if newest <= held and not wait:
+        return self._explorer_update(
+            wanted=wait,
+            takes_newer=True,
+            min_version=held + 1,
+            timeout_error=(
+                f"the Rollouter waited for a weight version newer than {held} and the trainer "
+                f"did not publish one within sync.timeout_s={self.timeout_s}s"
+            ),
+        )
+
+    def _explorer_update(
+        self, wanted: bool, takes_newer: bool, min_version: int, timeout_error: str | None
+    ) -> int:
+        """Load a newer version if `wanted`, or if one is there and taken (`explorer_syncs`);
+        the version held afterwards. A version older than `min_version` is waited out; if the
+        wait times out, `timeout_error` is raised (SyncTimeoutError) or, when None (a dynamic
+        request nobody answered), the explorer goes on with the weights held and asks again
+        at its next step."""
+        held = self.explorer_version
+        view = self._view()
+        if not explorer_syncs(view, held, wanted, takes_newer, self.channel.rendezvous):
             return held
-        self._set("explorer", REQUIRE, held)
-        if newest <= held:
-            got = ray.get(self.sync.wait_for_version.remote(held + 1, self.timeout_s, "explorer"))
-            if got is None:
-                raise SyncTimeoutError(self._no_newer_version(held))
-            newest = int(got)
+        self.set_state("explorer", REQUIRE, held)
+        version = self.route.version_to_load(view, held, min_version)
+        if version is None:
+            if timeout_error is not None:
+                raise SyncTimeoutError(timeout_error)
+            self.set_state("explorer", RUNNING, held, note="request timed out")
+            return held
         self._probe(held)
-        self._loaded(newest, self.channel.load(newest))
-        return newest
-
-    def _offered(self, held: int) -> bool:
-        """nccl: the trainer offers a version newer than `held` right now. Its state alone
-        would not do: it stays WAITING_SYNC for a moment after the explorer has received its
-        broadcast, and joining that finished offer would wait for a send that never comes."""
-        return (
-            self._state("trainer") == WAITING
-            and int(ray.get(self.sync.version.remote("trainer"))) > held
-        )
-
-    def _wait_for_offer(self, held: int) -> SyncState | None:
-        """nccl: wait until the trainer offers a version newer than `held` (None: timed out)."""
-        seen = ray.get(
-            self.sync.wait_for_state.remote(
-                "trainer", [WAITING], self.timeout_s, "explorer", min_version=held + 1
-            )
-        )
-        return None if seen is None else SyncState(seen)
-
-    def _no_newer_version(self, held: int) -> str:
-        return (
-            f"the Rollouter waited for a weight version newer than {held} and the trainer did "
-            f"not publish one within sync.timeout_s={self.timeout_s}s"
-        )
+        self._loaded(version, self.route.load(version, held))
+        return version
 
     def explorer_finished(self) -> None:
         """The explorer's last step is done: no sync can be used any more."""
-        self._set("explorer", SyncState.STOPPED, self.explorer_version, note="finished")
+        self.set_state("explorer", SyncState.STOPPED, self.explorer_version, note="finished")
 
     def _probe(self, version: int) -> None:
         """Score the probe of the version the engine holds, if the trainer has made one."""
@@ -332,14 +345,4 @@ class SyncSides:
         self.times.load_s += load_s
         self.times.syncs += 1
         self.explorer_version = version
-        self._set("explorer", RUNNING, version)
-
-    def _give_up(self, step: int, required: int, must: bool) -> None:
-        if must:
-            raise SyncTimeoutError(
-                f"explorer step {step} needs weight version >= {required} (sync.max_staleness="
-                f"{self.policy.max_staleness}, style {self.policy.style}) and the trainer did "
-                f"not publish it within sync.timeout_s={self.timeout_s}s"
-            )
-        # A dynamic request nobody answered: go on with the weights held, ask again next step.
-        self._set("explorer", RUNNING, self.explorer_version, note="request timed out")
+        self.set_state("explorer", RUNNING, version)

@@ -77,6 +77,14 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+def cast_floating(weights: Weights, dtype: torch.dtype | None) -> Weights:
+    """The stream with its floating-point tensors cast to `dtype` as they pass (None: as they
+    are): the rule `iter_buckets(cast_to=)` applies, for a transport that writes no buckets."""
+    if dtype is None:
+        return weights
+    return ((name, t.to(dtype) if t.is_floating_point() else t) for name, t in weights)
+
+
 def group_by_size(
     weights: Weights, bucket_bytes: int, align: int = 1
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:

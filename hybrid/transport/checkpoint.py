@@ -13,25 +13,36 @@ directory, every file is fsynced, and only then the directory is renamed to `v<N
 at any point leaves either no `v<N>` or a complete one. A version counts as complete only when
 its manifest reads and every file it names exists. The manifest carries each tensor's digest
 so that the explorer verifies what it loaded. Needs: a filesystem every process sees.
+`CheckpointTransport` is this medium behind the `WeightTransport` protocol.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from hybrid.transport.buckets import Weights, dtype_name, group_by_size, tensor_digest
+from hybrid.transport.base import Announce, Side, TransportSettings
+from hybrid.transport.buckets import (
+    Weights,
+    cast_floating,
+    dtype_name,
+    group_by_size,
+    tensor_digest,
+)
 from hybrid.transport.errors import TransportChecksumError, TransportError
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 TEMP_PREFIX = ".tmp-"
@@ -165,6 +176,78 @@ def remove_stale_temps(root: str | Path) -> list[Path]:
     for path in stale:
         shutil.rmtree(path)
     return stale
+
+
+class CheckpointTransport:
+    """`sync.method=checkpoint`: each version is written to `root/v<N>/` and that directory is
+    the payload; the publisher goes on at once. Floating tensors are cast to `cast_to` as they
+    are written; receivers check the manifest's digests when `verify`.
+
+    The first publish of a publisher first clears what a killed publish or a run that went
+    further left in `root` (a resumed run writes versions >= its first one again); every
+    publish drops the versions beyond the newest `keep_versions` once the new one is announced
+    (the Synchronizer, which keeps as many, then no longer hands out the dropped ones).
+    """
+
+    rendezvous: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        root: str | Path,
+        bucket_bytes: int,
+        keep_versions: int,
+        verify: bool,
+        cast_to: torch.dtype | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.bucket_bytes = bucket_bytes
+        self.keep_versions = keep_versions
+        self.verify = verify
+        self.cast_to = cast_to
+        self._cleared = False
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: TransportSettings,
+        side: Side,
+        device: torch.device,
+        cast_to: torch.dtype | None = None,
+    ) -> CheckpointTransport:
+        if not settings.checkpoint_dir:
+            raise ValueError(
+                "sync.checkpoint_dir must be set for sync.method=checkpoint: the directory of "
+                "weight versions every node sees"
+            )
+        return cls(
+            settings.checkpoint_dir,
+            settings.bucket_mb << 20,
+            settings.keep_versions,
+            settings.verify_checksum,
+            cast_to,
+        )
+
+    def publish(self, version: int, weights: Weights, announce: Announce) -> str:
+        if not self._cleared:
+            for dropped in drop_versions_from(self.root, version):
+                logger.info("dropped %s: a resumed run publishes it again", dropped)
+            self._cleared = True
+        weights = cast_floating(weights, self.cast_to)
+        written = str(write_version(self.root, version, weights, self.bucket_bytes))
+        announce(written)
+        prune_versions(self.root, self.keep_versions)
+        return written
+
+    def receive(self, version: int, payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        if not isinstance(payload, str | Path):
+            raise TransportError(
+                f"checkpoint transport, version {version}: the payload must be the version's "
+                f"directory its publisher announced, got {type(payload).__name__}"
+            )
+        return read_version(payload, self.verify)
+
+    def close(self) -> None:
+        """Nothing to release: the versions stay for the next run to find (or clear)."""
 
 
 def _stream_tensors(

@@ -25,6 +25,7 @@ Wire format, one round per bucket (every message is a broadcast from rank 0):
   3. the flat uint8 bucket
 Messages 1 and 2 are tiny and read on the host; message 3 stays on the group's device.
 Needs: a `host:port` that rank 0 can listen on and every receiver can reach.
+`BroadcastTransport` is this medium behind the `WeightTransport` protocol.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
+from hybrid.transport.base import Announce, Side, TransportSettings
 from hybrid.transport.buckets import Staging, TensorMeta, Weights, iter_buckets, unpack_bucket
 from hybrid.transport.device import Backend, transport_backend, transport_device
 from hybrid.transport.errors import TransportError
@@ -313,6 +315,83 @@ class BroadcastGroup:
             raise TransportError(f"{self}: broadcast failed (peer dead or timed out): {e}") from e
         finally:
             started.clear()
+
+
+class BroadcastTransport:
+    """`sync.method=nccl`: a broadcast group from the trainer's rank 0 (group rank 0) to every
+    explorer rank (rank r is group rank 1 + r), NCCL between GPUs and gloo on the CPU. A
+    rendezvous: the bytes move only while the receivers receive, so the payload is nothing.
+    The group is joined once (`join`), by the publisher's rank 0 and every receiver rank.
+    The publisher casts floating tensors to `cast_to` while packing."""
+
+    rendezvous: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        side: Side,
+        worker_device: torch.device,
+        bucket_bytes: int,
+        checksums: bool,
+        timeout_s: float,
+        cast_to: torch.dtype | None = None,
+    ) -> None:
+        self.side: Side = side
+        self.worker_device = worker_device
+        self.bucket_bytes = bucket_bytes
+        self.checksums = checksums
+        self.timeout_s = timeout_s
+        self.cast_to = cast_to
+        self._group: BroadcastGroup | None = None
+        self._staging: Staging | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: TransportSettings,
+        side: Side,
+        device: torch.device,
+        cast_to: torch.dtype | None = None,
+    ) -> BroadcastTransport:
+        bucket_bytes = settings.bucket_mb << 20
+        return cls(
+            side, device, bucket_bytes, settings.verify_checksum, settings.timeout_s, cast_to
+        )
+
+    def join(self, host: str, port: int, world_size: int, worker_rank: int) -> None:
+        """Join the group at `host:port` (collective). The publisher's ranks other than 0 stay
+        out: they only take part in the gather."""
+        if self.side == "publisher" and worker_rank != 0:
+            return
+        rank = 0 if self.side == "publisher" else 1 + worker_rank
+        self._group = broadcast_group_for(
+            self.worker_device, host, port, rank, world_size, self.timeout_s
+        )
+        # Kept between versions, where the group moves bytes (the GPU under NCCL); two slots:
+        # one bucket is packed (or loaded into the engine) while the next is on the wire.
+        self._staging = Staging(slots=2, device=self._group.device)
+
+    def publish(self, version: int, weights: Weights, announce: Announce) -> None:
+        group = self._joined("publish")
+        group.send(
+            weights, self.bucket_bytes, self.checksums, cast_to=self.cast_to, staging=self._staging
+        )
+        announce(None)
+
+    def receive(self, version: int, payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        # The loaders copy every tensor as it arrives, so received buckets can share a slot.
+        return self._joined("receive").receive(staging=self._staging)
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    def _joined(self, action: str) -> BroadcastGroup:
+        if self._group is None:
+            raise TransportError(
+                f"broadcast transport ({self.side}): cannot {action} before joining the group"
+            )
+        return self._group
 
 
 def broadcast_group_for(

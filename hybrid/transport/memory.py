@@ -9,21 +9,23 @@ The bucket travels as a NumPy `uint8` array, which Ray stores and reads back wit
 its bytes: on one node a reader maps the object store's shared memory, between nodes Ray copies
 the object itself; nothing is routed through the driver. Needs: every process in the same Ray
 cluster, and the publisher alive while the version is read (Ray's objects die with their owner,
-the process that put them).
+the process that put them). `MemoryTransport` is this medium behind the `WeightTransport`
+protocol.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import ray
 import torch
 from ray.exceptions import GetTimeoutError, ObjectLostError
 
-from hybrid.transport.buckets import TensorMeta, Weights, iter_buckets, unpack_bucket
+from hybrid.transport.base import Announce, Side, TransportSettings
+from hybrid.transport.buckets import Staging, TensorMeta, Weights, iter_buckets, unpack_bucket
 from hybrid.transport.errors import TransportError
 
 
@@ -83,3 +85,48 @@ def _checked_metas(metas: object, source: str) -> list[TensorMeta]:
     if not isinstance(metas, list) or not all(isinstance(m, TensorMeta) for m in metas):
         raise TransportError(f"{source} is not a bucket written by put_version")
     return metas
+
+
+class MemoryTransport:
+    """`sync.method=memory`: the version's buckets go into the object store and the list of
+    their refs is the payload (the Synchronizer holding it keeps the objects alive); the
+    publisher goes on at once. Floating tensors are cast to `cast_to` while packed."""
+
+    rendezvous: ClassVar[bool] = False
+
+    def __init__(
+        self, bucket_bytes: int, checksums: bool, cast_to: torch.dtype | None = None
+    ) -> None:
+        self.bucket_bytes = bucket_bytes
+        self.checksums = checksums
+        self.cast_to = cast_to
+        # Kept between publishes; two slots: one bucket packs while the previous one is put.
+        self._staging = Staging(slots=2)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: TransportSettings,
+        side: Side,
+        device: torch.device,
+        cast_to: torch.dtype | None = None,
+    ) -> MemoryTransport:
+        return cls(settings.bucket_mb << 20, settings.verify_checksum, cast_to)
+
+    def publish(self, version: int, weights: Weights, announce: Announce) -> list[ray.ObjectRef]:
+        refs = put_version(
+            weights, self.bucket_bytes, self.checksums, cast_to=self.cast_to, staging=self._staging
+        )
+        announce(refs)
+        return refs
+
+    def receive(self, version: int, payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        if not isinstance(payload, list):
+            raise TransportError(
+                f"memory transport, version {version}: the payload must be the list of bucket "
+                f"refs its publisher announced, got {type(payload).__name__}"
+            )
+        return get_version(payload, version=version)
+
+    def close(self) -> None:
+        """Nothing to release: the objects live while the Synchronizer holds their refs."""

@@ -10,6 +10,7 @@ from hybrid.transport.buckets import (
     ALIGN_BYTES,
     Staging,
     as_bytes,
+    cast_floating,
     iter_buckets,
     tensor_digest,
     unpack_bucket,
@@ -180,3 +181,11 @@ def test_buckets_without_checksums_skip_only_the_digest() -> None:
     assert all(meta.checksum is None for _, metas in buckets for meta in metas)
     flat, metas = buckets[0]
     assert_same_stream(unpack_bucket(flat, metas), weights)
+
+
+def test_cast_floating_casts_floating_tensors_only_and_none_keeps_the_stream() -> None:
+    stream = [("w", torch.ones(2, dtype=torch.float32)), ("ids", torch.arange(3))]
+    assert cast_floating(stream, None) is stream
+    cast = list(cast_floating(stream, torch.bfloat16))
+    assert [(n, t.dtype) for n, t in cast] == [("w", torch.bfloat16), ("ids", torch.int64)]
+    assert cast[1][1] is stream[1][1]
