@@ -324,6 +324,13 @@ class TrainerConfig:
         """Workers that hold the actor (and so split each training batch)."""
         return self.num_trainer_workers if self.split else self.num_workers
 
+    def group_on_nodes(self, workers: int) -> list[int]:
+        """A split group's workers per placement group: one node entry for all of them on a
+        single node, else whole nodes of workers_per_node."""
+        if self.nnodes == 1:
+            return [workers]
+        return [self.workers_per_node] * (workers // self.workers_per_node)
+
     @property
     def process_on_nodes(self) -> list[int]:
         """Workers per placement group, one group per node (the resource pool's layout)."""
@@ -460,6 +467,32 @@ class TrainerRunConfig:
                 "the critic is a full model; set model.lora.rank=0"
             )
 
+    def _check_split_nodes(self) -> None:
+        """Several nodes: each group fills whole nodes of trainer.n_gpus_per_node workers."""
+        t = self.trainer
+        per_node, tp = t.workers_per_node, self.rollout.tensor_parallel_size
+        groups = {
+            "num_explorer_workers": t.num_explorer_workers,
+            "num_trainer_workers": t.num_trainer_workers,
+        }
+        for name, workers in groups.items():
+            if workers % per_node:
+                raise ValueError(
+                    f"trainer.{name} ({workers}) must be a multiple of the workers per node "
+                    f"({per_node}): with trainer.nnodes > 1 each group fills whole nodes"
+                )
+        if t.num_explorer_workers + t.num_trainer_workers != t.num_workers:
+            raise ValueError(
+                f"trainer.num_workers ({t.num_workers}) must equal trainer.num_explorer_workers "
+                f"+ trainer.num_trainer_workers ({t.num_explorer_workers} + "
+                f"{t.num_trainer_workers}) when trainer.mode={t.mode} spans nodes"
+            )
+        if per_node % tp:
+            raise ValueError(
+                f"rollout.tensor_parallel_size ({tp}) must divide the workers per node "
+                f"({per_node}): a vLLM tensor-parallel group never crosses a node"
+            )
+
     def _check_split(self) -> None:
         t, s = self.trainer, self.sync
         tp = self.rollout.tensor_parallel_size
@@ -469,10 +502,7 @@ class TrainerRunConfig:
                 f"({t.num_explorer_workers})"
             )
         if t.nnodes > 1:
-            raise ValueError(
-                f"trainer.mode={t.mode} places its two groups itself: leave trainer.nnodes at 1 "
-                f"(got {t.nnodes}); the groups land on the cluster's nodes as Ray finds room"
-            )
+            self._check_split_nodes()
         if t.num_trainer_workers % self.actor.hsdp_replicas:
             raise ValueError(
                 f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
@@ -482,11 +512,6 @@ class TrainerRunConfig:
             raise ValueError(
                 "sync.checkpoint_dir must be set for sync.method=checkpoint: the directory "
                 "(shared by every node) the weight versions are written to"
-            )
-        if self.model.lora.enabled:
-            raise ValueError(
-                f"trainer.mode={t.mode} does not take LoRA yet (model.lora.rank must be 0): "
-                "the transports move full weights"
             )
         sync_policy(s)  # the style's own rules (e.g. offset + interval - 1 <= max_staleness)
         if t.mode == "fully_async":

@@ -83,7 +83,7 @@ def trainer_members(
     c = config
     actor = views[actor_name]
     # With LoRA the reference is the actor's own base (adapters disabled): no second model.
-    lora_base = c.model.lora.enabled and actor_name == "actor_rollout"
+    lora_base = c.model.lora.enabled
     reference = actor if lora_base else views["ref"]
     if c.needs_reference and not lora_base:
         views["ref"].init_model()
@@ -127,7 +127,7 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
         ]
     )
     explorers = RayWorkerGroup(
-        RayResourcePool([t.num_explorer_workers], use_gpu=t.use_gpu),
+        RayResourcePool(t.group_on_nodes(t.num_explorer_workers), use_gpu=t.use_gpu),
         RayClassWithInitArgs(ExplorerWorker, worker_config),
         ray_address=t.ray_address,
         log_dir=None if log_dir is None else Path(log_dir) / "explorer",
@@ -141,11 +141,15 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
         }
     )
     group = RayWorkerGroup(
-        RayResourcePool([t.num_trainer_workers], use_gpu=t.use_gpu),
+        RayResourcePool(t.group_on_nodes(t.num_trainer_workers), use_gpu=t.use_gpu),
         cls,
         ray_address=t.ray_address,
         log_dir=None if log_dir is None else Path(log_dir) / "trainer",
     )
+    if t.nnodes > 1:  # the trainers' checkpoints and the weight versions need a shared disk
+        unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
+        if unshared:
+            raise ValueError(unshared)
     # The reference and PPO's critic live with the trainer group: they serve the update.
     views = group.spawn(prefix_set={"trainer", "ref", "critic"})
     engines = explorers.init_engine.submit()  # the explorers start while the trainers do

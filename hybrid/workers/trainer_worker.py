@@ -49,6 +49,10 @@ class TrainerWorker(ActorWorker):
         """The gathered weights: in the engine's dtype when an all-gather runs, else as the
         parameters hold them (the transport casts them)."""
         s = self.config.sync
+        if self.lora_sync is not None:
+            # The explorers' engines hold plain full weights: LoRA sends the adapters folded
+            # into their base weights (sync.lora_mode's merge, whatever it says).
+            return self.lora_sync.iter_merged(s.layered_summon, on_group_done=None)
         gathers = self.parallel.fsdp_mesh.size() > 1
         dtype = self._engine_dtype if gathers else next(self.model.parameters()).dtype
         return iter_full_parameters(self.model, s.gather, dtype, s.bucket_mb << 20)

@@ -130,12 +130,15 @@ def run_cell(
 
 class OnPolicyRuns:
     """fixed, interval 1, offset 0 over each transport, same seed, each run when first asked
-    for. The nccl run goes across a two-node Ray cluster (one CPU per node: explorer and
-    trainer on different nodes); the other two on one node (both across nodes:
+    for. The nccl run goes across a three-node Ray cluster (one CPU per node: the explorer on
+    one, two trainers on the others); the other two on one node (both across nodes:
     test_split_nodes.py, full)."""
 
     def __init__(self, assets: Path, root: Path) -> None:
         self.assets, self.root = assets, root
+
+    def items(self) -> list[tuple[str, Path]]:
+        return [(method, self[method]) for method in TRANSPORTS]
 
     def __getitem__(self, method: str) -> Path:
         out = self.root / method
@@ -145,13 +148,26 @@ class OnPolicyRuns:
             run_cell(self.assets, out, method, "fixed", 0)
             return out
         cluster, _ = start_cluster()
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        nodes = ("trainer.nnodes=3", "trainer.n_gpus_per_node=1", "trainer.num_workers=3")
         try:
-            run_cell(self.assets, out, method, "fixed", 0, f"trainer.ray_address={cluster.address}")
+            run_cell(
+                self.assets,
+                out,
+                method,
+                "fixed",
+                0,
+                f"trainer.ray_address={cluster.address}",
+                *nodes,
+                "trainer.num_trainer_workers=2",
+            )
         finally:
             cluster.shutdown()
         placement = json.loads((out / "placement.json").read_text())
-        assert len(placement["explorer"]) == len(placement["trainer"]) == 1
-        assert placement["explorer"] != placement["trainer"], placement
+        # One explorer node; the trainers' FSDP group spans the two other nodes.
+        explorer, trainer = set(placement["explorer"]), set(placement["trainer"])
+        assert len(explorer) == 1 and len(trainer) == 2 and not explorer & trainer, placement
         return out
 
 

@@ -119,3 +119,14 @@ def test_the_keys_trainer_mode_replaced_are_named(override: str, instead: str) -
 
     with pytest.raises(ValueError, match=instead):
         to_run_config(compose_config("config", (override,)))
+
+
+def test_split_groups_fill_whole_nodes() -> None:
+    nodes = ("trainer.nnodes=3", "trainer.n_gpus_per_node=2", "trainer.num_workers=6")
+    config = split_config(*nodes, "trainer.num_explorer_workers=2", "trainer.num_trainer_workers=4")
+    assert config.trainer.group_on_nodes(2) == [2] and config.trainer.group_on_nodes(4) == [2, 2]
+    assert split_config().trainer.group_on_nodes(1) == [1]  # one node: one entry per group
+    with pytest.raises(ValueError, match=r"trainer\.num_explorer_workers \(3\) must be a multiple"):
+        split_config(*nodes, "trainer.num_explorer_workers=3", "trainer.num_trainer_workers=4")
+    with pytest.raises(ValueError, match=r"trainer\.num_workers \(6\) must equal"):
+        split_config(*nodes, "trainer.num_explorer_workers=2", "trainer.num_trainer_workers=2")

@@ -1,0 +1,255 @@
+"""The driver's logic over every mode, style and transport, on the deterministic toy engine
+(rollout.engine=toy): real Ray, real FSDP2 trainers, real bytes through the real transports
+and the Synchronizer's real state machine; only generation is the toy engine's, which starts
+in about a second instead of vLLM's twenty. The real-engine runs of each mode stay in
+test_grpo_e2e.py, test_split.py, test_fully_async.py and test_multi_node.py.
+
+In-process (`Driver(config).fit()` on the session's Ray cluster): nothing here tests the
+entry point or a process's death.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from hybrid.trainer.loop import Driver
+from hybrid.trainer.publisher import PUBLISHER_KEYS
+from hybrid.trainer.sources import SOURCE_KEYS
+from hybrid.trainer.step import STEP_KEYS
+from tests.integration.trainer.helpers import read_metrics, small_config, write_assets
+from tests.integration.trainer.test_fully_async import check_bounds
+from tests.integration.trainer.test_split import PPO, check_run, timeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+TOY = ("rollout.engine=toy",)
+STEPS = 3
+# (sync.method, sync.style, sync.offset): every transport under each style. By default each
+# transport and each schedule once (about 10 s a run, most of it starting the workers).
+DEFAULT_CELLS = [
+    ("checkpoint", "fixed", 0),
+    ("memory", "fixed", 1),
+    ("nccl", "dynamic_by_explorer", 0),
+]
+SPLIT_CELLS = [
+    *DEFAULT_CELLS,
+    *(
+        pytest.param(*cell, marks=pytest.mark.full)
+        for cell in [
+            ("memory", "fixed", 0),
+            ("nccl", "fixed", 0),
+            ("checkpoint", "fixed", 1),
+            ("nccl", "fixed", 1),
+            ("memory", "dynamic_by_explorer", 0),
+            ("checkpoint", "dynamic_by_explorer", 0),
+        ]
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("toy"))
+
+
+def fit(assets: Path, out: Path, *extra: str) -> list[dict]:
+    Driver(small_config(assets, out, *TOY, *extra)).fit()
+    return read_metrics(out)
+
+
+def split_run(assets: Path, out: Path, method: str, style: str, offset: int, *extra: str) -> None:
+    fit(
+        assets,
+        out,
+        f"trainer.total_steps={STEPS}",
+        "trainer.mode=split",
+        "sync.timeout_s=60",
+        "sync.verify_checksum=true",
+        f"sync.checkpoint_dir={out / 'weights'}",
+        f"sync.method={method}",
+        f"sync.style={style}",
+        f"sync.offset={offset}",
+        *extra,
+    )
+
+
+@pytest.mark.parametrize(("method", "style", "offset"), SPLIT_CELLS)
+def test_split_cell(
+    ray_cluster: None, assets: Path, tmp_path: Path, method: str, style: str, offset: int
+) -> None:
+    out = tmp_path / "run"
+    split_run(assets, out, method, style, offset)
+    metrics = check_run(out, method, style, offset)
+    if (style, offset) == ("fixed", 0):
+        assert all(m["sync/version_lag_max"] == 0 for m in metrics)
+        assert all(m["rollout/fresh_tokens"] > 0 for m in metrics)
+        digests = json.loads((out / "engine_digests.json").read_text())
+        assert sorted(digests) == ["0", "1", "2"] and len(set(digests.values())) == 3
+
+
+@pytest.mark.full  # each transport's own cell checks its digests by default
+def test_the_transports_deliver_identical_bytes(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    """Versions 0..2 are the same bytes in the engine whichever way they travelled."""
+    digests = {}
+    for method in ("memory", "checkpoint", "nccl"):
+        out = tmp_path / method
+        split_run(assets, out, method, "fixed", 0)
+        digests[method] = json.loads((out / "engine_digests.json").read_text())
+    assert digests["memory"] == digests["checkpoint"] == digests["nccl"]
+
+
+def test_ppo_with_validation_on_the_explorers(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    """Validation before training runs on the explorers' version 0 (the dummy weights would
+    raise); PPO's critic lives with the trainer group, learns from step 1, the actor from 2."""
+    out = tmp_path / "run"
+    val = [f"data.val_files=[{assets / 'test.jsonl'}]", "trainer.val_before_train=true"]
+    split_run(assets, out, "checkpoint", "dynamic_by_explorer", 0, *val, *PPO)
+    first, *steps = read_metrics(out)
+    assert first["step"] == 0 and first["val/num_prompts"] == 8, first
+    loads = [e.version for e in timeline(out) if e.side == "explorer" and e.old.value != "running"]
+    assert loads[1] == 0, loads  # after the start: the first load is version 0
+    for m in steps:
+        assert m["timing_s/values"] > 0 and m["timing_s/update_critic"] > 0
+        assert "critic/vf_loss" in m and "critic/kl" in m
+    assert "actor/pg_loss" not in steps[0] and all("actor/pg_loss" in m for m in steps[1:])
+
+
+# Keys only one mode has: how its rollouts arrive and how its weights travel, and the memory
+# phases of its own workers (colocated ones also hold the engine).
+MODE_EXTRAS = {
+    "colocated": (
+        "timing_s/rollout_call",
+        "timing_s/sync_",
+        "timing_s/mode_switch",
+        "sync/",
+        "memory/",
+    ),
+    "split": ("buffer/", "timing_s/publish", "timing_s/explorer_", "sync/", "memory/"),
+    "fully_async": (
+        "queue/",
+        "rollouter/",
+        "trainer/idle_ratio",
+        "timing_s/publish",
+        "timing_s/explorer_",
+        "sync/",
+        "memory/",
+    ),
+}
+
+
+def test_every_mode_reports_the_same_step_metrics(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    """One config, three modes: the train step's keys are the same set in each; what differs
+    is only each mode's own rollout and sync figures."""
+    base = ("trainer.total_steps=2", "algorithm.skip_old_log_prob=false", "sync.method=memory")
+    shared_step_keys = set()
+    for mode, extras in MODE_EXTRAS.items():
+        metrics = fit(assets, tmp_path / mode, *base, f"trainer.mode={mode}")
+        keys = set(metrics[-1])
+        assert keys >= STEP_KEYS | SOURCE_KEYS | PUBLISHER_KEYS, mode
+        step_keys = {k for k in keys if not k.startswith(extras)} | (STEP_KEYS & keys)
+        if shared_step_keys:
+            assert step_keys == shared_step_keys, (mode, step_keys ^ shared_step_keys)
+        shared_step_keys = step_keys
+
+
+# (max_version_lag, staleness_threshold, sync.method, chunk_tokens, response_length)
+FAST_ROLLOUTER = (1, 0.1, "nccl", 2, 8)
+"""Plan 2 with 2-step chunks of 8-token responses: generation outpaces the update."""
+SLOW_ROLLOUTER = (2, 0.5, "memory", 1, 64)
+"""One engine step per Rollouter turn and responses of up to 64 tokens: the Rollouter is the
+slower side."""
+PACING_STEPS = 50
+
+
+def pacing_run(assets: Path, out: Path, cell: tuple[int, float, str, int, int]) -> list[dict]:
+    max_lag, threshold, method, chunk, length = cell
+    metrics = fit(
+        assets,
+        out,
+        f"trainer.total_steps={PACING_STEPS}",
+        "trainer.mode=fully_async",
+        "sync.timeout_s=60",
+        f"sync.checkpoint_dir={out / 'weights'}",
+        f"sync.method={method}",
+        f"fully_async.max_version_lag={max_lag}",
+        f"fully_async.staleness_threshold={threshold}",
+        f"fully_async.chunk_tokens={chunk}",
+        f"rollout.response_length={length}",
+        f"rollout.max_model_len={length + 32}",
+    )
+    record = json.loads((out / "fully_async.json").read_text())
+    check_bounds(metrics, record, threshold, max_lag)
+    return metrics
+
+
+def test_staleness_stays_bounded_with_a_fast_rollouter(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    metrics = pacing_run(assets, tmp_path / "run", FAST_ROLLOUTER)
+    # Generation outpaces the update: the Rollouter waits at its budget, the trainer rarely.
+    assert statistics.mean(m["rollouter/idle_ratio"] for m in metrics[1:]) > 0.2
+
+
+def test_staleness_stays_bounded_with_a_slow_rollouter(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    """The seed's failure mode: the Rollouter slower than the trainer. The run finishes, the
+    trainer waits for a large part of every step, and nothing is trained beyond the bound."""
+    metrics = pacing_run(assets, tmp_path / "run", SLOW_ROLLOUTER)
+    assert statistics.mean(m["trainer/idle_ratio"] for m in metrics[1:]) > 0.2
+
+
+@pytest.mark.parametrize("mode", [pytest.param("split", marks=pytest.mark.full), "fully_async"])
+def test_lora_trains_in_the_decoupled_modes(
+    ray_cluster: None, assets: Path, tmp_path: Path, mode: str
+) -> None:
+    """The trainer folds the adapters into the base weights for the explorers' plain engines:
+    the engine's log-probs of its own samples match the actor's, and the adapter is exported."""
+    out = tmp_path / "run"
+    metrics = fit(
+        assets,
+        out,
+        f"trainer.total_steps={STEPS}",
+        f"trainer.mode={mode}",
+        "sync.method=memory",
+        "sync.timeout_s=60",
+        "model.lora.rank=8",
+        "actor.lr=1e-2",
+    )
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    fresh = [m for m in metrics if m["rollout/fresh_tokens"]]
+    assert fresh, "no token was sampled by the weights the actor held"
+    for m in fresh:
+        assert m["rollout/logprob_diff_max"] < 0.05, m
+    assert m["actor/grad_norm"] > 0
+    assert (out / "lora_adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.full  # the critic on a decoupled mode by default: the split test above
+def test_ppo_with_a_critic_fully_async(ray_cluster: None, assets: Path, tmp_path: Path) -> None:
+    """The critic trains on every update the trainer takes; the actor after its warm-up."""
+    out = tmp_path / "run"
+    metrics = fit(
+        assets,
+        out,
+        f"trainer.total_steps={STEPS}",
+        "trainer.mode=fully_async",
+        "sync.method=memory",
+        "sync.timeout_s=60",
+        *PPO,
+    )
+    for m in metrics:
+        assert m["timing_s/update_critic"] > 0 and "critic/vf_loss" in m
+    assert "actor/pg_loss" not in metrics[0] and all("actor/pg_loss" in m for m in metrics[1:])
+    record = json.loads((out / "fully_async.json").read_text())
+    check_bounds(metrics, record, 0.1, 1)
