@@ -41,6 +41,7 @@ from hybrid.trainer.metrics import Sinks, make_sinks
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.publisher import InProcessPublisher, TransportPublisher, WeightPublisher
 from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, RolloutSource
+from hybrid.trainer.sources.explorers import ExplorerSide
 from hybrid.trainer.step import StepResult, TrainStep, merge_updates
 from hybrid.trainer.weight_sync import SyncSides, WeightChannel
 from hybrid.workers.critic import check_critic_model
@@ -78,8 +79,8 @@ def assemble(
     channel = WeightChannel(c.sync, synchronizer, workers.members.actor, workers.explorers)
     channel.connect()
     sides = SyncSides(sync_policy(c.sync), channel, synchronizer, c.trainer.total_steps)
-    source_cls = QueueSource if c.trainer.mode == "fully_async" else BufferSource
-    source = source_cls(c, workers.explorers, sides, feed, pad_token_id)
+    side = ExplorerSide(c, workers.explorers, sides, feed, pad_token_id)
+    source = QueueSource(side) if c.trainer.mode == "fully_async" else BufferSource(side)
     return source, TransportPublisher(sides, c.trainer.output_dir)
 
 

@@ -19,36 +19,15 @@ from typing import Any
 import ray
 
 from hybrid.buffer.experience import ExperienceBufferActor
-from hybrid.controller import RayWorkerGroup, WorkerDiedError
+from hybrid.controller import WorkerDiedError
 from hybrid.data import Batch
-from hybrid.data.sample import samples_to_batch
-from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.prompts import PromptFeed
+from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
 from hybrid.trainer.step import StepResult
-from hybrid.trainer.weight_sync import SyncSides
 
 DEATH_GRACE_S = 10.0
 """How long a failed trainer waits for the explorer loop to report a worker death."""
 PROBE_ROWS_PER_EXPLORER = 2
-POLL_S = 0.5
-"""How often the trainer, waiting for data, looks at sync requests and the explorer loop."""
 PROBE_COLUMNS = ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs"]
-
-
-def explorer_greedy(explorers: RayWorkerGroup, prompts: Batch) -> Batch:
-    """Validation runs on the explorers, with the weights they hold (never the dummy weights
-    an engine starts with: the starting version is loaded before anything runs)."""
-    out = explorers.generate_sequences(prompts, greedy=True)
-    held = out.tensors["versions"][out.tensors["response_mask"].bool()]
-    if held.numel() and int(held.min()) < 0:
-        raise RuntimeError("validation ran on an explorer that holds no weight version yet")
-    return out
-
-
-def to_batch(samples: list[Any], config: TrainerRunConfig, pad_token_id: int) -> Batch:
-    return samples_to_batch(
-        samples, config.rollout.response_length, pad_token_id, config.data.max_prompt_length
-    )
 
 
 class ExplorerLoop(threading.Thread):
@@ -66,7 +45,7 @@ class ExplorerLoop(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        s = self.source
+        s, buffer = self.source.side, self.source.buffer
         try:
             for step in range(self.first, self.last + 1):
                 if self.stopping.is_set():
@@ -76,34 +55,24 @@ class ExplorerLoop(threading.Thread):
                 s.sides.times.explorer_wait_s += time.perf_counter() - waited
                 prompts = s.feed.batch(step)
                 self.loader_states[step + 1] = s.feed.position()[0]
-                stats = s.explorers.explore(prompts, s.buffer, s.config.sync.timeout_s)
+                stats = s.explorers.explore(prompts, buffer, s.config.sync.timeout_s)
                 self.gen_s += max(st["gen_s"] for st in stats)
             s.sides.explorer_finished()
         except BaseException as error:  # handed to the trainer, which raises it
             self.error = error
             reason = f"explorer loop failed: {type(error).__name__}: {error}"
             ray.get(s.sides.sync.stop.remote("explorer", reason))
-            ray.get(s.buffer.close.remote(reason))
+            ray.get(buffer.close.remote(reason))
 
 
 class BufferSource:
-    def __init__(
-        self,
-        config: TrainerRunConfig,
-        explorers: RayWorkerGroup,
-        sides: SyncSides,
-        feed: PromptFeed,
-        pad_token_id: int,
-    ) -> None:
-        self.config = config
-        self.explorers = explorers
-        self.sides = sides
-        self.feed = feed
-        self.pad_token_id = pad_token_id
-        self.lag_bound = sides.policy.lag_bound()
+    def __init__(self, side: ExplorerSide) -> None:
+        self.side = side
+        self.config, self.sides = side.config, side.sides
+        self.lag_bound = side.sides.policy.lag_bound()
         # Room for the batches the style lets the explorer run ahead (a bigger one never fills).
-        groups = config.data.train_batch_size * sides.policy.buffer_batches()
-        self.buffer = ExperienceBufferActor.remote(config.rollout.n, groups)
+        groups = side.config.data.train_batch_size * side.sides.policy.buffer_batches()
+        self.buffer = ExperienceBufferActor.remote(side.config.rollout.n, groups)
         self.loop: ExplorerLoop | None = None
         self.wait_s = 0.0
 
@@ -112,7 +81,7 @@ class BufferSource:
         self.loop.start()
 
     def batches(self, step: int) -> Iterator[Batch]:
-        yield to_batch(self.take(step), self.config, self.pad_token_id)
+        yield self.side.to_batch(self.take(step))
 
     def take(self, step: int) -> list[Any]:
         """The next train batch of whole groups; answers sync requests while it waits."""
@@ -164,7 +133,7 @@ class BufferSource:
         return self.loop.loader_states[step + 1]
 
     def generate_greedy(self, prompts: Batch) -> Batch:
-        return explorer_greedy(self.explorers, prompts)
+        return self.side.generate_greedy(prompts)
 
     def finish(self) -> None:
         assert self.loop is not None

@@ -23,32 +23,19 @@ import ray
 
 from hybrid.buffer.message_queue import MessageQueueActor
 from hybrid.buffer.staleness import production_budget
-from hybrid.controller import RayWorkerGroup
 from hybrid.data import Batch
-from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.prompts import PromptFeed
-from hybrid.trainer.sources.buffer import POLL_S, explorer_greedy, to_batch
+from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
 from hybrid.trainer.sources.rollouter import Rollouter
 from hybrid.trainer.step import StepResult
-from hybrid.trainer.weight_sync import SyncSides
 
 logger = logging.getLogger(__name__)
 
 
 class QueueSource:
-    def __init__(
-        self,
-        config: TrainerRunConfig,
-        explorers: RayWorkerGroup,
-        sides: SyncSides,
-        feed: PromptFeed,
-        pad_token_id: int,
-    ) -> None:
-        self.config = config
-        self.explorers = explorers
-        self.sides = sides
-        self.feed = feed
-        self.pad_token_id = pad_token_id
+    def __init__(self, side: ExplorerSide) -> None:
+        self.side = side
+        self.config, self.sides, self.feed = side.config, side.sides, side.feed
+        config = side.config
         self.lag_bound = config.fully_async.max_version_lag
         self.budget = production_budget(
             config.fully_async.staleness_threshold, config.groups_per_version
@@ -66,7 +53,7 @@ class QueueSource:
         # Plan 2 keeps as many groups in the engine as the staleness rule allows (a step costs
         # about the same with more sequences); plan 1 generates batches of train_batch_size.
         self.rollouter = Rollouter(
-            self.explorers,
+            self.side.explorers,
             self.queue,
             self.feed.rows,
             self.sides.explorer_catch_up,
@@ -83,7 +70,7 @@ class QueueSource:
             started = time.perf_counter()
             samples = self.take(self.config.groups_per_update, step)
             self.wait_s += time.perf_counter() - started
-            yield to_batch(samples, self.config, self.pad_token_id)
+            yield self.side.to_batch(samples)
 
     def take(self, groups: int, step: int) -> list[Any]:
         """The next `groups` groups the trainer at version step - 1 may train (stale ones are
@@ -131,7 +118,7 @@ class QueueSource:
         return position
 
     def generate_greedy(self, prompts: Batch) -> Batch:
-        return explorer_greedy(self.explorers, prompts)
+        return self.side.generate_greedy(prompts)
 
     def finish(self) -> None:
         assert self.rollouter is not None
