@@ -14,7 +14,7 @@ DATA=${DATA:-outputs/data/countdown}
 python examples/data/countdown.py --output-dir "$DATA" --num-train 32768 --num-test 1024 --seed 0
 exec python -m hybrid.main \
   model.path="$MODEL" model.attn_implementation=auto model.gradient_checkpointing=true \
-  actor.lr=1e-6 actor.micro_batch_size=8 actor.optimizer_offload=true \
+  actor.optim.lr=1e-6 actor.micro_batch_size=8 actor.offload.optimizer_offload=true \
   actor.use_kl_loss=true actor.kl_loss_coef=0.001 \
   rollout.tensor_parallel_size=1 rollout.n=8 rollout.temperature=1.0 \
   rollout.prompt_length=256 rollout.response_length=1024 rollout.max_model_len=1280 \

@@ -19,8 +19,9 @@ exec python -m hybrid.main \
   model.path="$MODEL" model.attn_implementation=auto model.gradient_checkpointing=true \
   algorithm.adv_estimator=gae algorithm.gamma=1.0 algorithm.lam=1.0 \
   algorithm.use_kl_in_reward=true algorithm.kl_ctrl.type=fixed algorithm.kl_ctrl.kl_coef=0.001 \
-  actor.lr=1e-6 actor.micro_batch_size=8 actor.optimizer_offload=true actor.use_kl_loss=false \
-  critic.lr=1e-5 critic.micro_batch_size=8 critic.optimizer_offload=true \
+  actor.optim.lr=1e-6 actor.micro_batch_size=8 actor.offload.optimizer_offload=true \
+  actor.use_kl_loss=false \
+  critic.optim.lr=1e-5 critic.micro_batch_size=8 critic.offload.optimizer_offload=true \
   critic.gradient_checkpointing=true trainer.critic_warmup=0 \
   rollout.tensor_parallel_size=1 rollout.n=1 rollout.temperature=1.0 \
   rollout.prompt_length=256 rollout.response_length=1024 rollout.max_model_len=1280 \

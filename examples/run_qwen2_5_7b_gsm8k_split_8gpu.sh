@@ -20,7 +20,8 @@ exec python -m hybrid.main --config-name qwen2_5_7b_gsm8k_8gpu \
   model.path="$MODEL" \
   data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" \
   trainer.mode=split trainer.num_explorer_workers=4 trainer.num_trainer_workers=4 \
-  rollout.gpu_memory_utilization=0.85 actor.param_offload=false actor.optimizer_offload=false \
-  ref.param_offload=false trainer.val_before_train=false \
+  rollout.gpu_memory_utilization=0.85 trainer.val_before_train=false \
+  actor.offload.param_offload=false actor.offload.optimizer_offload=false \
+  ref.offload.param_offload=false \
   sync.method=nccl sync.style=fixed sync.interval=1 sync.offset=1 sync.max_staleness=1 \
   trainer.output_dir=outputs/qwen2_5_7b_gsm8k_split "$@"

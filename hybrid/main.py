@@ -1,7 +1,8 @@
 """Entry point: `python -m hybrid.main [overrides]` (console script `hybrid-train`).
 
-Hydra composes configs/config.yaml with the command-line overrides; the result is converted
-once into the typed tree (hybrid.trainer.config) and validated before any worker starts.
+Hydra composes configs/config.yaml (over the dataclasses' defaults, the registered `schema`)
+with the command-line overrides; the result is converted once into the typed tree
+(hybrid.trainer.config) and validated before any worker starts.
 With the default model and data paths missing (a fresh checkout), the demo's tiny model and
 arithmetic task are built first (hybrid/trainer/demo_assets.py).
 The console shows a summary, a progress bar and a metrics line every trainer.log_freq steps;
@@ -17,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hybrid.trainer.compose import CONFIG_DIR as CONFIG_PATH
-from hybrid.trainer.compose import to_run_config
+from hybrid.trainer.compose import register_schema, to_run_config
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
@@ -37,6 +38,8 @@ def build_config(cfg: DictConfig) -> TrainerRunConfig:
 # Absolute: Hydra resolves a relative config_path as a package (`pkg://configs`) when the
 # caller is imported rather than run as a file, which the console script hybrid-train does.
 CONFIG_DIR = str(CONFIG_PATH)
+# configs/config.yaml starts from the dataclasses' defaults: in Hydra's store before it composes.
+register_schema()
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")

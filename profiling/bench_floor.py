@@ -64,7 +64,7 @@ DEMO_SIZE = (
     "rollout.n=4",
     "rollout.response_length=16",
     "algorithm.ppo_mini_batch_size=8",
-    "actor.lr=1e-4",
+    "actor.optim.lr=1e-4",
 )
 Row = tuple[list[int], list[int]]
 """(prompt token ids, response token ids) of one sample."""
@@ -140,11 +140,12 @@ class BareUpdate:
             ),
         )
         self.model.train()
+        o = a.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=a.lr, betas=a.betas, eps=a.eps, weight_decay=a.weight_decay
+            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
         self.micro_batch_size = a.micro_batch_size
-        self.max_grad_norm = a.max_grad_norm
+        self.max_grad_norm = o.max_grad_norm
         self.group = config.rollout.n
         self.generator = torch.Generator().manual_seed(0)
         self.entropy = 0.0

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from hybrid.dtypes import Hardware
 from hybrid.main import build_config
+from hybrid.trainer.compose import compose
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.loop import Driver
 
@@ -62,21 +62,20 @@ def prepare(root: Path, preset: str) -> None:
 
 def compose_run(root: Path, name: str, steps: int, overrides: list[str]) -> TrainerRunConfig:
     """The default config on the model and data under `root`, writing to `root/name`."""
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose(
-            "config",
-            overrides=[
-                f"model.path={root / 'model'}",
-                f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-                "data.val_files=[]",
-                f"trainer.output_dir={root / name}",
-                f"trainer.total_steps={steps}",
-                "trainer.loggers=[jsonl]",
-                "trainer.val_before_train=false",
-                "trainer.export_hf=false",
-                *overrides,
-            ],
-        )
+    cfg = compose(
+        "config",
+        [
+            f"model.path={root / 'model'}",
+            f"data.train_files=[{root / 'data' / 'train.parquet'}]",
+            "data.val_files=[]",
+            f"trainer.output_dir={root / name}",
+            f"trainer.total_steps={steps}",
+            "trainer.loggers=[jsonl]",
+            "trainer.val_before_train=false",
+            "trainer.export_hf=false",
+            *overrides,
+        ],
+    )
     return build_config(cfg)
 
 
@@ -129,7 +128,7 @@ def compare_dtypes(root: Path, steps: int, rounds: int, overrides: list[str]) ->
     rows: dict[str, list[dict[str, Any]]] = {dtype: [] for dtype in DTYPE_VARIANTS}
     for round_index in range(rounds):
         for dtype in DTYPE_VARIANTS:
-            chosen = [f"actor.param_dtype={dtype}", f"ref.param_dtype={dtype}"]
+            chosen = [f"actor.precision.param_dtype={dtype}", f"ref.precision.param_dtype={dtype}"]
             chosen.append(f"rollout.dtype={dtype}")
             name = f"{dtype}-{round_index}"
             rows[dtype] += run_steps(root, name, steps, [*chosen, *overrides])

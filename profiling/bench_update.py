@@ -44,7 +44,7 @@ from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.balance import balanced_order
 from hybrid.workers import varlen_attention
-from hybrid.workers.config import ActorConfig
+from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.policy import PolicyTrainer
@@ -112,7 +112,7 @@ def _rank_main(rank: int, port: int, model_dir: str, args: argparse.Namespace, o
         mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
         model = build_fsdp_model(model_dir, mesh, torch.device("cpu"))
         optimizer = build_optimizer(model, 1e-7, 0.0, (0.9, 0.999), 1e-8)
-        config = ActorConfig(micro_batch_size=args.micro_batch_size, lr=1e-7)
+        config = ActorConfig(micro_batch_size=args.micro_batch_size, optim=OptimConfig(lr=1e-7))
         batch = rank_share(gsm8k_like_batch(args.rows_per_rank * WORLD, 272, seed=0), rank)
         passes = variants(args.micro_batch_size, args.max_tokens)
         seconds: dict[str, dict[str, list[float]]] = {
@@ -120,7 +120,7 @@ def _rank_main(rank: int, port: int, model_dir: str, args: argparse.Namespace, o
         }
         for round_index in range(args.rounds + 1):  # round 0 warms up
             for name, pass_config in passes.items():
-                trainer = PolicyTrainer(model, optimizer, config, pass_config)
+                trainer = PolicyTrainer(model, optimizer, config, WorkerSpec(), pass_config)
                 for kind in ("update", "log_prob"):
                     dist.barrier()
                     start = time.perf_counter()

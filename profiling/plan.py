@@ -61,8 +61,9 @@ def compose_config(config_name: str, overrides: list[str]) -> TrainerRunConfig:
 
 
 def as_hydra_override(cfg: DictConfig, override: str) -> str:
-    """`key=value` for a key the YAML sets, `+key=value` for one only the schema has (Hydra
-    cannot override a key the composed YAML lacks without the `+`)."""
+    """`key=value` for a key the composed config has (every schema field: configs/ starts from
+    the registered schema), `+key=value` for one it lacks, e.g. a typo, which Hydra takes only
+    with the `+` and the strict converter then names."""
     key = override.split("=", 1)[0]
     present = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
     return override if present else f"+{override}"

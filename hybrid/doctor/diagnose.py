@@ -234,8 +234,9 @@ def memory_checks(
                 f"host RAM: {host_peak:.1f} GiB on rank 0's node (this node has "
                 f"{facts.host_memory_gib:.1f} GiB)",
                 "; ".join(host),
-                "run on nodes with that much RAM, or offload less (actor.param_offload, "
-                "actor.optimizer_offload, ref.param_offload) and set trainer.export_hf=false",
+                "run on nodes with that much RAM, or offload less "
+                "(actor.offload.param_offload, actor.offload.optimizer_offload, "
+                "ref.offload.param_offload) and set trainer.export_hf=false",
             )
         )
     elif config.trainer.use_gpu and host_peak:

@@ -5,15 +5,15 @@ the actor is (hybrid.workers.critic), so the terms are the actor's of hybrid.pla
 without the LM head; docs/memory-model.md gives the notation and the derivation of each term.
 
 Resident (COMPONENTS names):
-  critic_params           P_v/W x bytes(critic.master_dtype), P_v the value model's
+  critic_params           P_v/W x bytes(critic.precision.master_dtype), P_v the value model's
                           parameters (the actor's minus an untied LM head, plus h + 1).
   critic_grads            as much, from the first backward of a mini-batch to its step.
   critic_optimizer_state  AdamW's two moments: 2 x critic_params.
-critic.param_offload / critic.optimizer_offload park them on the host outside the critic's
-phases (CUDA only), like the actor's flags.
+critic.offload.param_offload / critic.offload.optimizer_offload park them on the host outside
+the critic's phases (CUDA only), like the actor's flags.
 
 Transient, with critic.micro_batch_size (or critic.*_max_token_len_per_gpu with
-critic.use_dynamic_bsz) and critic.gradient_checkpointing, cb = bytes(critic.param_dtype):
+critic.use_dynamic_bsz) and critic.gradient_checkpointing, cb = bytes(critic.precision.param_dtype):
   values/forward  a no-grad forward: the larger of a layer's working set and the final hidden
                   states (T x h x cb; the head's output is T floats), beside the unsharded
                   root + 2 layers.
@@ -63,9 +63,9 @@ class CriticSizes:
 
     @cached_property
     def compute(self) -> str:
-        """critic.param_dtype with `auto` resolved for the planned device."""
+        """critic.precision.param_dtype with `auto` resolved for the planned device."""
         hardware = planned_hardware(self.config.trainer.use_gpu)
-        return resolve_dtype(self.config.critic.param_dtype, "trainer", hardware)
+        return resolve_dtype(self.config.critic.precision.param_dtype, "trainer", hardware)
 
     @property
     def cb(self) -> int:
@@ -73,7 +73,7 @@ class CriticSizes:
 
     @property
     def master(self) -> int:
-        return dtype_bytes(self.config.critic.master_dtype)
+        return dtype_bytes(self.config.critic.precision.master_dtype)
 
     @property
     def shard_world(self) -> int:
@@ -117,7 +117,7 @@ class CriticSizes:
     def update_backward(self) -> Bytes:
         """The first decoder layer's backward, or the root's reduce-scatter at the end."""
         mb, s, cb = self.micro_batch(update=True), self.shape, self.cb
-        reduce = reduce_bytes(self.compute, self.config.critic.reduce_dtype)
+        reduce = reduce_bytes(self.compute, self.config.critic.precision.reduce_dtype)
         work = mb.tokens * s.layer_backward(cb, self.config.critic.gradient_checkpointing)
         return largest_moment(
             {

@@ -115,8 +115,9 @@ def format_suggestions(plan: Plan, suggestions: list[Suggestion]) -> str:
     if plan.host_fits is False:
         return (
             "Suggestions: none here for host RAM (every change this searches keeps or raises "
-            "it): turn offloads off (actor.param_offload, actor.optimizer_offload, "
-            "ref.param_offload), or use nodes with more RAM."
+            "it): turn offloads off (actor.offload.param_offload, "
+            "actor.offload.optimizer_offload, ref.offload.param_offload), or use nodes with "
+            "more RAM."
         )
     if not suggestions:
         return (

@@ -3,12 +3,13 @@ same config and shape as the device plan (docs/memory-model.md's notation: W wor
 N = trainer.workers_per_node of them per node, P parameters).
 
 Every node, steady state (N x one worker's, CUDA only: on CPU nothing moves or sleeps):
-  actor_params            actor.param_offload: the worker's shard in master dtype (LoRA: the
-                          frozen base in param dtype + the adapters in master dtype)
-  optimizer_state         actor.optimizer_offload: AdamW's two moments of the trainable shard
-  ref_params              ref.param_offload, when a KL builds the reference (none with LoRA)
-  critic_params           critic.param_offload (PPO's critic)
-  critic_optimizer_state  critic.optimizer_offload
+  actor_params            actor.offload.param_offload: the worker's shard in master dtype
+                          (LoRA: the frozen base in param dtype + the adapters in master dtype)
+  optimizer_state         actor.offload.optimizer_offload: AdamW's two moments of the
+                          trainable shard
+  ref_params              ref.offload.param_offload, when a KL builds the reference (none with LoRA)
+  critic_params           critic.offload.param_offload (PPO's critic)
+  critic_optimizer_state  critic.offload.optimizer_offload
   rollout_weights         vLLM's sleep backup: level 1 copies the engine's weights (and LoRA
                           slots) to pinned host memory; level 2 discards them. The engine
                           sleeps at level 1 only in LoRA adapter mode (model.lora with
@@ -130,17 +131,17 @@ def _offloaded(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[in
     else:
         trainable = params = [n * w.master for n in base]
     held: dict[str, tuple[int, int]] = {}
-    if c.actor.param_offload:
+    if c.actor.offload.param_offload:
         held["actor_params"] = _pinned(params)
-    if c.actor.optimizer_offload:
+    if c.actor.offload.optimizer_offload:
         held["optimizer_state"] = _pinned(trainable * 2)
-    if c.ref.param_offload and w.ref_params():
+    if c.ref.offload.param_offload and w.ref_params():
         held["ref_params"] = _pinned(n * dtype_bytes(w.dtypes.ref) for n in base)
     if critic is not None:
         value = [n * critic.master for n in _shards(critic.shape.params, critic.shard_world)]
-        if c.critic.param_offload:
+        if c.critic.offload.param_offload:
             held["critic_params"] = _pinned(value)
-        if c.critic.optimizer_offload:
+        if c.critic.offload.optimizer_offload:
             held["critic_optimizer_state"] = _pinned(value * 2)
     if w.adapter_sync and c.rollout.free_cache_engine:  # level-1 sleep: a pinned backup
         weights, pinned = _pinned(n * w.engine_bytes for n in _engine_tensors(shape, w.tp))
@@ -168,8 +169,10 @@ def _export(w: WorkerSizes, critic: CriticSizes | None) -> int:
         return params * (dtype_bytes(master) + (2 if master != "bfloat16" else 0))
 
     p = w.shape.num_params
-    actor = p * 2 if w.lora_rank else gathered(p, c.actor.master_dtype)
-    value = gathered(critic.shape.num_params, c.critic.master_dtype) if critic is not None else 0
+    actor = p * 2 if w.lora_rank else gathered(p, c.actor.precision.master_dtype)
+    value = 0
+    if critic is not None:
+        value = gathered(critic.shape.num_params, c.critic.precision.master_dtype)
     return max(actor, value)
 
 

@@ -13,12 +13,12 @@ hybrid.planner.suggest searches the cheapest config changes that make an over-bu
 hybrid.planner.format prints a plan. Per worker (one GPU), steady state (step >= 2:
 AdamW's state exists).
 
-actor.param_offload / actor.optimizer_offload / ref.param_offload park their tensors on the
-host outside the phases that use them, with trainer.use_gpu only (on CPU the moves are
-no-ops). On CUDA the engine sleeps in trainer mode: its weights dropped (level 2; level 1, a
-pinned host copy, in LoRA adapter mode) and its KV cache too; on CPU both stay. The optimizer state is onloaded for the whole update
-(`trainer_phase("update", with_optimizer=True)`), so optimizer_offload lowers every
-phase but update/*. An offload phase's components are those before the move (its peak).
+actor.offload.param_offload / actor.offload.optimizer_offload / ref.offload.param_offload park
+their tensors on the host outside the phases that use them, with trainer.use_gpu only (on CPU
+the moves are no-ops). On CUDA the engine sleeps in trainer mode: its weights dropped (level 2;
+level 1, a pinned host copy, in LoRA adapter mode) and its KV cache too; on CPU both stay. The
+optimizer state is onloaded for the whole update (`trainer_phase("update", with_optimizer=True)`),
+so optimizer_offload lowers every phase but update/*. An offload phase's components are those before the move (its peak).
 With LoRA the reference forward runs on the actor (adapters disabled), and adapter mode's
 first sync (the base) is left out of the steady phases: a note gives its peak, and a problem
 is raised when it does not fit.
@@ -204,14 +204,14 @@ def _phases(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[Bytes
     """(resident, transient) bytes at the peak of every boundary the step records."""
     c, gpu = w.config, w.on_gpu
     kept = {  # between phases; offload and the engine's sleep act only on CUDA
-        "actor": not (gpu and c.actor.param_offload),
-        "optimizer": not (gpu and c.actor.optimizer_offload),
-        "ref": not (gpu and c.ref.param_offload),
+        "actor": not (gpu and c.actor.offload.param_offload),
+        "optimizer": not (gpu and c.actor.offload.optimizer_offload),
+        "ref": not (gpu and c.ref.offload.param_offload),
         "weights": not (gpu and c.rollout.free_cache_engine),
         "kv": not (gpu and c.rollout.free_cache_engine),
         "grads": False,
-        "critic_params": critic is not None and not (gpu and c.critic.param_offload),
-        "critic_optimizer": critic is not None and not (gpu and c.critic.optimizer_offload),
+        "critic_params": critic is not None and not (gpu and c.critic.offload.param_offload),
+        "critic_optimizer": critic is not None and not (gpu and c.critic.offload.optimizer_offload),
         "critic_grads": False,
     }
 

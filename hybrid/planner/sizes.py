@@ -72,7 +72,10 @@ class WorkerSizes:
         """actor / ref / rollout dtypes with `auto` resolved for the planned device."""
         c = self.config
         return ComputeDtypes.resolve(
-            c.actor.param_dtype, c.ref.param_dtype, c.rollout.dtype, planned_hardware(self.on_gpu)
+            c.actor.precision.param_dtype,
+            c.ref.precision.param_dtype,
+            c.rollout.dtype,
+            planned_hardware(self.on_gpu),
         )
 
     @property
@@ -86,7 +89,7 @@ class WorkerSizes:
 
     @property
     def master(self) -> int:
-        return dtype_bytes(self.config.actor.master_dtype)
+        return dtype_bytes(self.config.actor.precision.master_dtype)
 
     @property
     def tp(self) -> int:
@@ -337,7 +340,7 @@ class WorkerSizes:
         checkpointed = self.config.model.gradient_checkpointing
         saved = mb.tokens * s.saved_activations(cb, checkpointed)
         work = mb.tokens * s.layer_backward(cb, checkpointed)
-        reduce = reduce_bytes(self.dtypes.actor, a.reduce_dtype)
+        reduce = reduce_bytes(self.dtypes.actor, a.precision.reduce_dtype)
         # Until the embedding's gradient closes the root group, it holds the LM head's gradient;
         # with LoRA the root is frozen and only the adapters have gradients.
         head_grad = 0 if lora else s.vocab_size * s.hidden_size * cb

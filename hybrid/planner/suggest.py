@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Suggestion:
     overrides: tuple[str, ...]
-    """Hydra overrides, e.g. `actor.optimizer_offload=true`."""
+    """Hydra overrides, e.g. `actor.offload.optimizer_offload=true`."""
     plan: Plan
     """The plan of the changed config."""
     config: TrainerRunConfig = field(repr=False)
@@ -52,10 +52,10 @@ class Suggestion:
 CHANGE_ORDER: tuple[str, ...] = (
     "sync.gather",
     "sync.layered_summon",
-    "ref.param_offload",
-    "critic.param_offload",
-    "actor.optimizer_offload",
-    "critic.optimizer_offload",
+    "ref.offload.param_offload",
+    "critic.offload.param_offload",
+    "actor.offload.optimizer_offload",
+    "critic.offload.optimizer_offload",
     "rollout.gpu_memory_utilization",
     "model.log_prob_chunk_tokens",
     "model.gradient_checkpointing",
@@ -68,22 +68,25 @@ CHANGE_ORDER: tuple[str, ...] = (
     "critic.ppo_max_token_len_per_gpu",
     "actor.micro_batch_size",
     "actor.ppo_max_token_len_per_gpu",
-    "actor.param_offload",
+    "actor.offload.param_offload",
 )
 CHUNK_TOKENS = 1024
 """model.log_prob_chunk_tokens suggested for a config that has it off (its default)."""
 
 
-def _get(config: TrainerRunConfig, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(config, section), name)
+def _get(config: Any, key: str) -> Any:
+    for name in key.split("."):
+        config = getattr(config, name)
+    return config
 
 
-def _replace(config: TrainerRunConfig, key: str, value: Any) -> TrainerRunConfig:
-    """`config` with the dotted field `key` set (validated again, like any config)."""
-    section, name = key.split(".")
-    part = dataclasses.replace(getattr(config, section), **{name: value})
-    return dataclasses.replace(config, **{section: part})
+def _replace(config: Any, key: str, value: Any) -> Any:
+    """`config` with the dotted field `key` (e.g. actor.offload.param_offload) set, every
+    group on the way rebuilt and so validated again, like any config."""
+    name, _, rest = key.partition(".")
+    if rest:
+        value = _replace(getattr(config, name), rest, value)
+    return dataclasses.replace(config, **{name: value})
 
 
 def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: int) -> list[Any]:
@@ -101,7 +104,8 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
         layer = gather_peak(shape, "layer", bucket)
         return ["layer"] if gather_peak(shape, current, bucket) > layer else []
     if key.endswith("_offload"):  # no-ops on CPU; the reference may not exist
-        return [True] if gpu and not current and (uses_ref or key != "ref.param_offload") else []
+        needed = uses_ref or key != "ref.offload.param_offload"
+        return [True] if gpu and not current and needed else []
     if key.endswith("gradient_checkpointing"):
         return [] if current else [True]
     if key == "model.log_prob_chunk_tokens":

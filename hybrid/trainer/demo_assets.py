@@ -1,9 +1,9 @@
 """The default run's inputs, built on first use: `python -m hybrid.main` on a fresh checkout.
 
-configs/config.yaml points model.path and the data files at outputs/demo/, which
-examples/run_cpu_demo.sh (`make demo`) fills. When a run's config names exactly those default
-paths (`is_demo_run`) and some are missing, `build_missing_demo_assets` builds those as the
-script does:
+configs/config.yaml (its `inputs: demo`, configs/inputs/demo.yaml) points model.path and the
+data files at outputs/demo/, which examples/run_cpu_demo.sh (`make demo`) fills. When a run's
+config names exactly those default paths (`is_demo_run`) and some are missing,
+`build_missing_demo_assets` builds those as the script does:
 
     python -m hybrid.models --output-dir outputs/demo/model --preset tiny --vocab arithmetic --seed 0
     python examples/data/arithmetic.py --output-dir outputs/demo/data --seed 0

@@ -172,8 +172,13 @@ def write_resolved_config(config: TrainerRunConfig, facts: dict[str, Any]) -> No
     c = config
     resolved = dataclasses.replace(
         c,
-        actor=dataclasses.replace(c.actor, param_dtype=facts["actor_dtype"]),
-        ref=dataclasses.replace(c.ref, param_dtype=facts["ref_dtype"]),
+        actor=dataclasses.replace(
+            c.actor,
+            precision=dataclasses.replace(c.actor.precision, param_dtype=facts["actor_dtype"]),
+        ),
+        ref=dataclasses.replace(
+            c.ref, precision=dataclasses.replace(c.ref.precision, param_dtype=facts["ref_dtype"])
+        ),
         rollout=dataclasses.replace(c.rollout, dtype=facts["rollout_dtype"]),
     )
     path = Path(c.trainer.output_dir) / "config.json"

@@ -72,18 +72,20 @@ class ActorWorker(Worker):
             self.parallel.fsdp_mesh,
             device,
             param_dtype=torch_dtype(self.dtypes.actor),
-            reduce_dtype=torch_dtype(c.actor.reduce_dtype),
-            master_dtype=torch_dtype(c.actor.master_dtype),
+            reduce_dtype=torch_dtype(c.actor.precision.reduce_dtype),
+            master_dtype=torch_dtype(c.actor.precision.master_dtype),
             attn_implementation=c.model.attn_implementation,
             gradient_checkpointing=c.model.gradient_checkpointing,
             lora=c.model.lora,
         )
-        a = c.actor
-        self.optimizer = build_optimizer(self.model, a.lr, a.weight_decay, a.betas, a.eps)
+        a, optim = c.actor, c.actor.optim
+        self.optimizer = build_optimizer(
+            self.model, optim.lr, optim.weight_decay, optim.betas, optim.eps
+        )
         self.ledger.track("actor", self._actor_components)
         self.ledger.record("init/actor")
         self.offloader = Offloader(
-            self.model, self.optimizer, device, a.param_offload, a.optimizer_offload
+            self.model, self.optimizer, device, a.offload.param_offload, a.offload.optimizer_offload
         )
         lora = c.model.lora
         self.lora_sync = (
@@ -118,7 +120,7 @@ class ActorWorker(Worker):
             "ref.log_prob_max_token_len_per_gpu",
         )
         self.trainer = PolicyTrainer(
-            self.model, self.optimizer, c.actor, self.update_pass, self.ledger
+            self.model, self.optimizer, c.actor, c.derived, self.update_pass, self.ledger
         )
         self._init_rollout()
         self.offloader.offload_optimizer()

@@ -1,13 +1,35 @@
-"""Typed configuration of the WorkerDict members: model, actor, reference (+ rollout, sync).
+"""Typed configuration of the WorkerDict members: model, actor, reference, critic (+ rollout,
+sync), and the values the trainer derives for them (`WorkerSpec`).
 
 Plain frozen dataclasses, validated in `__post_init__` (errors name the field and the allowed
 values). The Hydra schema of the trainer wraps these; workers only ever see these objects.
+
+What the actor, the critic and the reference share is written once:
+- Groups, nested under their owner: `OptimConfig` (`actor.optim.*`, `critic.optim.*`, as verl
+  spells them; the critic's `CriticOptimConfig` adds the learning-rate warm-up),
+  `PrecisionConfig` (`actor.precision.*`, `critic.precision.*`; the reference, which never
+  computes gradients, takes its `param_dtype` part, `ForwardPrecisionConfig`:
+  `ref.precision.param_dtype`) and `OffloadConfig` (`actor.offload.*`, `critic.offload.*`; the
+  reference, without optimizer, takes its `param_offload` part, `ParamOffloadConfig`). A group
+  does not know where it sits, so it has no `__post_init__`: its `check(owner)` runs from its
+  owner's `__post_init__` with the owner's dotted name, and an error names the whole field
+  (`actor.optim.lr must be > 0`).
+- Micro-batch fields stay flat (`actor.micro_batch_size`, `actor.use_dynamic_bsz`,
+  `actor.ppo_max_token_len_per_gpu`, `critic.forward_max_token_len_per_gpu`, ...): verl's
+  users type these names, and a nested group would rename them. They are declared and checked
+  once instead, in the base class `MicroBatching`, which ActorConfig, RefConfig and
+  CriticConfig extend; each role adds the token budgets of its own passes (their verl names)
+  and lists them in `TOKEN_BUDGETS`, so the one check covers them.
+
+Sizes the trainer derives (rows per optimizer step, the off-policy caps in effect) are no
+fields of these classes: `TrainerRunConfig.worker_config()` builds them into a `WorkerSpec`
+that the workers receive beside the user's config (`HybridWorkerConfig.derived`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoice, Hardware
 from hybrid.rollout.config import RolloutConfig
@@ -104,7 +126,9 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class ActorConfig:
+class OptimConfig:
+    """AdamW and gradient clipping of a trained model (`actor.optim`, `critic.optim`)."""
+
     lr: float = 1e-6
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -115,6 +139,114 @@ class ActorConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; a step whose norm is not finite is skipped."""
+
+    def check(self, owner: str) -> None:
+        """Raise ValueError naming `owner.<field>` (e.g. actor.optim.lr) for a bad value."""
+        check_positive(owner, lr=self.lr, eps=self.eps, max_grad_norm=self.max_grad_norm)
+        if self.weight_decay < 0:
+            raise ValueError(f"{owner}.weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2:
+            raise ValueError(f"{owner}.betas must be two numbers, got {list(self.betas)}")
+        for i, beta in enumerate(self.betas):
+            if not 0 <= beta < 1:
+                raise ValueError(f"{owner}.betas[{i}] must be in [0, 1), got {beta}")
+
+
+@dataclass(frozen=True)
+class CriticOptimConfig(OptimConfig):
+    """The critic's optimizer (`critic.optim`): a linear warm-up of the learning rate first."""
+
+    lr: float = 1e-5
+    """AdamW learning rate (after the warm-up)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up (0: none)."""
+
+    def check(self, owner: str) -> None:
+        super().check(owner)
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"{owner}.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
+
+
+@dataclass(frozen=True)
+class ForwardPrecisionConfig:
+    """The dtype a model computes in (`ref.precision`: the reference also stores its weights
+    in it)."""
+
+    param_dtype: DtypeChoice = "auto"
+    """Compute dtype of the passes (FSDP2 MixedPrecisionPolicy.param_dtype); auto: bfloat16
+    where the device computes it natively, else float32 (hybrid/dtypes.py)."""
+
+    def check(self, owner: str) -> None:
+        check_choice(owner, "param_dtype", self.param_dtype, DTYPE_CHOICES)
+
+
+@dataclass(frozen=True)
+class PrecisionConfig(ForwardPrecisionConfig):
+    """Mixed precision of a trained model (`actor.precision`, `critic.precision`)."""
+
+    reduce_dtype: Dtype = "float32"
+    """Dtype of the gradient reduce-scatter."""
+    master_dtype: Dtype = "float32"
+    """Dtype of the sharded parameters the optimizer updates."""
+
+    def check(self, owner: str) -> None:
+        super().check(owner)
+        for name in ("reduce_dtype", "master_dtype"):
+            check_choice(owner, name, getattr(self, name), DTYPES)
+
+
+@dataclass(frozen=True)
+class ParamOffloadConfig:
+    """Whether a model's weights leave the device between its phases (`ref.offload`)."""
+
+    param_offload: bool = False
+    """Keep the (sharded) parameters on CPU outside the model's own phases (CUDA only; no-op
+    on CPU)."""
+
+
+@dataclass(frozen=True)
+class OffloadConfig(ParamOffloadConfig):
+    """Offload of a trained model (`actor.offload`, `critic.offload`)."""
+
+    optimizer_offload: bool = False
+    """Keep the optimizer state on CPU outside the optimizer step (CUDA only; no-op on CPU)."""
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """Base of ActorConfig, RefConfig and CriticConfig: how a rank splits its rows into
+    forward/backward passes. Flat in the owner (verl's names); each owner declares the token
+    budgets of its passes and names them in TOKEN_BUDGETS."""
+
+    TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = ()
+    """The owner's `*_max_token_len_per_gpu` fields (checked here with the others)."""
+
+    micro_batch_size: int = 4
+    """Rows per forward/backward pass on each rank (without use_dynamic_bsz)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count instead of row count (the token budgets)."""
+
+    def check_micro_batches(self, owner: str) -> None:
+        budgets = {name: getattr(self, name) for name in self.TOKEN_BUDGETS}
+        check_positive(owner, micro_batch_size=self.micro_batch_size, **budgets)
+
+
+@dataclass(frozen=True)
+class ActorConfig(MicroBatching):
+    """The FSDP2 policy: its optimizer, precision and offload, the PPO loss, micro-batches."""
+
+    TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = (
+        "ppo_max_token_len_per_gpu",
+        "log_prob_max_token_len_per_gpu",
+    )
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and gradient clipping."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Compute, gradient-reduce and master dtypes (the frozen LoRA base is stored in the
+    compute dtype)."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """Parameters and optimizer state on CPU outside trainer-mode work."""
     clip_ratio_low: float = 0.2
     """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
@@ -132,30 +264,10 @@ class ActorConfig:
     kl_loss_type: KlKind = "low_var_kl"
     """KL estimator: k1, abs, k2 (= mse), k3 (= low_var_kl)."""
     tis_cap: float | None = None
-    """Truncated importance sampling between rollout and actor log-probs (off when None)."""
-    decoupled_cap: float | None = None
-    """Decoupled PPO (AReaL): per-token weight pi_proximal / pi_behaviour with the old
-    log-probs as the proximal policy and the rollout log-probs as the behaviour policy; tokens
-    whose weight exceeds the cap leave the loss. None: off. Excludes tis_cap."""
+    """Truncated importance sampling between rollout and actor log-probs (off when None);
+    algorithm.off_policy_correction=tis sets it from algorithm.importance_cap instead."""
     ppo_epochs: int = 1
     """Passes over the batch per update_actor call."""
-    mini_batch_size: int | None = None
-    """Rows per optimizer step on each rank (None: the whole local batch, one step)."""
-    param_dtype: DtypeChoice = "auto"
-    """Compute dtype of forward/backward (FSDP2 MixedPrecisionPolicy.param_dtype); auto:
-    bfloat16 where the device computes it natively, else float32 (hybrid/dtypes.py)."""
-    reduce_dtype: Dtype = "float32"
-    """Dtype of the gradient reduce-scatter."""
-    master_dtype: Dtype = "float32"
-    """Dtype of the sharded parameters the optimizer updates."""
-    param_offload: bool = False
-    """Keep sharded parameters on CPU outside trainer-mode work (CUDA only; no-op on CPU)."""
-    optimizer_offload: bool = False
-    """Keep optimizer state on CPU outside the optimizer step (CUDA only; no-op on CPU)."""
-    micro_batch_size: int = 4
-    """Rows per forward/backward pass on each rank (without use_dynamic_bsz)."""
-    use_dynamic_bsz: bool = False
-    """Micro-batches by token count instead of row count (the two budgets below)."""
     ppo_max_token_len_per_gpu: int = 16384
     """With use_dynamic_bsz: tokens (prompt + response) per update micro-batch."""
     log_prob_max_token_len_per_gpu: int = 16384
@@ -167,16 +279,10 @@ class ActorConfig:
     shares the mesh."""
 
     def __post_init__(self) -> None:
+        self.optim.check("actor.optim")
+        self.precision.check("actor.precision")
+        self.check_micro_batches("actor")
         check_positive("actor", hsdp_replicas=self.hsdp_replicas)
-        check_positive(
-            "actor",
-            lr=self.lr,
-            eps=self.eps,
-            max_grad_norm=self.max_grad_norm,
-            micro_batch_size=self.micro_batch_size,
-            ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu,
-            log_prob_max_token_len_per_gpu=self.log_prob_max_token_len_per_gpu,
-        )
         check_range("actor", "clip_ratio_low", self.clip_ratio_low, 0.0, 1.0)
         check_positive("actor", clip_ratio_high=self.clip_ratio_high, ppo_epochs=self.ppo_epochs)
         if self.clip_ratio_c <= 1:
@@ -185,46 +291,26 @@ class ActorConfig:
         check_choice("actor", "kl_loss_type", self.kl_loss_type, get_args(KlKind))
         if self.tis_cap is not None:
             check_positive("actor", tis_cap=self.tis_cap)
-        if self.decoupled_cap is not None:
-            check_positive("actor", decoupled_cap=self.decoupled_cap)
-            if self.tis_cap is not None:
-                raise ValueError(
-                    f"actor.tis_cap ({self.tis_cap}) and actor.decoupled_cap "
-                    f"({self.decoupled_cap}) are two corrections of the same rollout/actor gap: "
-                    "set at most one"
-                )
-        if self.mini_batch_size is not None:
-            check_positive("actor", mini_batch_size=self.mini_batch_size)
-        if self.weight_decay < 0:
-            raise ValueError(f"actor.weight_decay must be >= 0, got {self.weight_decay}")
-        for i, beta in enumerate(self.betas):
-            if not 0 <= beta < 1:
-                raise ValueError(f"actor.betas[{i}] must be in [0, 1), got {beta}")
-        check_choice("actor", "param_dtype", self.param_dtype, DTYPE_CHOICES)
-        for name in ("reduce_dtype", "master_dtype"):
-            check_choice("actor", name, getattr(self, name), DTYPES)
 
 
 @dataclass(frozen=True)
-class RefConfig:
-    param_offload: bool = False
-    """Keep the reference weights on CPU between uses (CUDA only; no-op on CPU)."""
-    param_dtype: DtypeChoice = "auto"
-    """Dtype the frozen reference is stored and computed in; auto as actor.param_dtype."""
+class RefConfig(MicroBatching):
+    """The frozen reference policy (a KL's other side): its dtype, offload, micro-batches."""
+
+    TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = ("log_prob_max_token_len_per_gpu",)
+
+    precision: ForwardPrecisionConfig = field(default_factory=ForwardPrecisionConfig)
+    """The dtype the frozen reference is stored and computed in."""
+    offload: ParamOffloadConfig = field(default_factory=ParamOffloadConfig)
+    """The reference weights on CPU between uses."""
     micro_batch_size: int = 8
-    """Rows per forward pass (without use_dynamic_bsz)."""
-    use_dynamic_bsz: bool = False
-    """Micro-batches by token count instead of row count."""
+    """Rows per forward pass (without use_dynamic_bsz): no backward, so more than the actor's."""
     log_prob_max_token_len_per_gpu: int = 16384
     """With use_dynamic_bsz: tokens (prompt + response) per micro-batch."""
 
     def __post_init__(self) -> None:
-        check_positive(
-            "ref",
-            micro_batch_size=self.micro_batch_size,
-            log_prob_max_token_len_per_gpu=self.log_prob_max_token_len_per_gpu,
-        )
-        check_choice("ref", "param_dtype", self.param_dtype, DTYPE_CHOICES)
+        self.precision.check("ref.precision")
+        self.check_micro_batches("ref")
 
 
 @dataclass(frozen=True)
@@ -235,78 +321,79 @@ class CriticModelConfig:
 
 
 @dataclass(frozen=True)
-class CriticConfig:
+class CriticConfig(MicroBatching):
     """The value model of PPO with a critic (algorithm.adv_estimator=gae): the decoder of
     `model.path` with a scalar head, trained with the clipped value loss."""
 
+    TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = (
+        "ppo_max_token_len_per_gpu",
+        "forward_max_token_len_per_gpu",
+    )
+
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     """Where the critic starts from."""
-    lr: float = 1e-5
-    """AdamW learning rate (after the warm-up)."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps of linear learning-rate warm-up (0: none)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    eps: float = 1e-8
-    """AdamW epsilon."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping norm; a step whose norm is not finite is skipped."""
+    optim: CriticOptimConfig = field(default_factory=CriticOptimConfig)
+    """AdamW, its warm-up and gradient clipping."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Compute, gradient-reduce and master dtypes."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """Parameters and optimizer state on CPU outside the critic's passes."""
     cliprange_value: float = 0.5
     """Clipped value loss: a new value counts at most this far from the old one."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token value losses become one number."""
     ppo_epochs: int = 1
     """Passes over the batch per update_critic call."""
-    mini_batch_size: int | None = None
-    """Rows per optimizer step on each rank (derived like the actor's)."""
-    micro_batch_size: int = 4
-    """Rows per forward/backward pass on each rank (without use_dynamic_bsz)."""
-    use_dynamic_bsz: bool = False
-    """Micro-batches by token count instead of row count (the two budgets below)."""
     ppo_max_token_len_per_gpu: int = 16384
     """With use_dynamic_bsz: tokens (prompt + response) per update micro-batch."""
     forward_max_token_len_per_gpu: int = 16384
     """With use_dynamic_bsz: tokens per micro-batch of the values pass."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in the backward pass."""
-    param_dtype: DtypeChoice = "auto"
-    """Compute dtype of forward/backward; auto as actor.param_dtype."""
-    reduce_dtype: Dtype = "float32"
-    """Dtype of the gradient reduce-scatter."""
-    master_dtype: Dtype = "float32"
-    """Dtype of the sharded parameters the optimizer updates."""
-    param_offload: bool = False
-    """Keep sharded parameters on CPU outside the critic's passes (CUDA only; no-op on CPU)."""
-    optimizer_offload: bool = False
-    """Keep optimizer state on CPU outside the critic's optimizer step (CUDA only)."""
 
     def __post_init__(self) -> None:
-        check_positive(
-            "critic",
-            lr=self.lr,
-            eps=self.eps,
-            max_grad_norm=self.max_grad_norm,
-            cliprange_value=self.cliprange_value,
-            ppo_epochs=self.ppo_epochs,
-            micro_batch_size=self.micro_batch_size,
-            ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu,
-            forward_max_token_len_per_gpu=self.forward_max_token_len_per_gpu,
-        )
-        if self.lr_warmup_steps < 0:
-            raise ValueError(f"critic.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
-        if self.weight_decay < 0:
-            raise ValueError(f"critic.weight_decay must be >= 0, got {self.weight_decay}")
-        for i, beta in enumerate(self.betas):
-            if not 0 <= beta < 1:
-                raise ValueError(f"critic.betas[{i}] must be in [0, 1), got {beta}")
-        if self.mini_batch_size is not None:
-            check_positive("critic", mini_batch_size=self.mini_batch_size)
+        self.optim.check("critic.optim")
+        self.precision.check("critic.precision")
+        self.check_micro_batches("critic")
+        check_positive("critic", cliprange_value=self.cliprange_value, ppo_epochs=self.ppo_epochs)
         check_choice("critic", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))
-        check_choice("critic", "param_dtype", self.param_dtype, DTYPE_CHOICES)
-        for name in ("reduce_dtype", "master_dtype"):
-            check_choice("critic", name, getattr(self, name), DTYPES)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What the trainer derives from the run's config for the workers
+    (`TrainerRunConfig.worker_config()`): computed, never set by a user."""
+
+    mini_batch_rows: int | None = None
+    """Rows per optimizer step on each rank, actor and critic alike
+    (algorithm.ppo_mini_batch_size x rollout.n / the training workers); None: the whole local
+    batch in one step."""
+    tis_cap: float | None = None
+    """Truncated importance sampling in effect: algorithm.importance_cap with
+    algorithm.off_policy_correction=tis, else actor.tis_cap; None: off."""
+    decoupled_cap: float | None = None
+    """Decoupled PPO (AReaL), algorithm.off_policy_correction=decoupled: per-token weight
+    pi_proximal / pi_behaviour with the old log-probs as the proximal policy and the rollout
+    log-probs as the behaviour policy; tokens whose weight exceeds the cap
+    (algorithm.importance_cap) leave the loss. None: off. Excludes tis_cap."""
+
+    def __post_init__(self) -> None:
+        if self.mini_batch_rows is not None:
+            check_positive("derived", mini_batch_rows=self.mini_batch_rows)
+        if self.tis_cap is not None:
+            check_positive("derived", tis_cap=self.tis_cap)
+        if self.decoupled_cap is not None:
+            check_positive("derived", decoupled_cap=self.decoupled_cap)
+            if self.tis_cap is not None:
+                raise ValueError(
+                    f"tis_cap ({self.tis_cap}) and decoupled_cap ({self.decoupled_cap}) are two "
+                    "corrections of the same rollout/actor gap: set at most one"
+                )
+
+    @property
+    def corrected(self) -> bool:
+        """An off-policy correction weighs the update (it reads rollout_log_probs)."""
+        return self.tis_cap is not None or self.decoupled_cap is not None
 
 
 @dataclass(frozen=True)
@@ -319,9 +406,15 @@ class HybridWorkerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    derived: WorkerSpec = field(default_factory=WorkerSpec)
+    """What the trainer derived for the workers (the whole local batch, no correction when
+    built by hand)."""
 
     def compute_dtypes(self, hardware: Hardware) -> ComputeDtypes:
         """actor / ref / rollout dtypes with `auto` resolved for `hardware`."""
         return ComputeDtypes.resolve(
-            self.actor.param_dtype, self.ref.param_dtype, self.rollout.dtype, hardware
+            self.actor.precision.param_dtype,
+            self.ref.precision.param_dtype,
+            self.rollout.dtype,
+            hardware,
         )

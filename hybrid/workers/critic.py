@@ -78,7 +78,8 @@ class CriticWorker(Worker):
             self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
         )
         self.device = parallel.device
-        dtype = resolve_dtype(critic.param_dtype, "trainer", Hardware.detect(self.device))
+        precision = critic.precision
+        dtype = resolve_dtype(precision.param_dtype, "trainer", Hardware.detect(self.device))
         if critic.model.path is None:
             raise ValueError("critic.model.path is unresolved (the trainer sets the actor's)")
         self.model = build_fsdp_model(
@@ -86,16 +87,17 @@ class CriticWorker(Worker):
             parallel.fsdp_mesh,
             self.device,
             param_dtype=torch_dtype(dtype),
-            reduce_dtype=torch_dtype(critic.reduce_dtype),
-            master_dtype=torch_dtype(critic.master_dtype),
+            reduce_dtype=torch_dtype(precision.reduce_dtype),
+            master_dtype=torch_dtype(precision.master_dtype),
             attn_implementation=c.model.attn_implementation,
             gradient_checkpointing=critic.gradient_checkpointing,
             value_head=True,
         )
+        optim = critic.optim
         self.optimizer = build_optimizer(
-            self.model, critic.lr, critic.weight_decay, critic.betas, critic.eps
+            self.model, optim.lr, optim.weight_decay, optim.betas, optim.eps
         )
-        self.scheduler = warmup_scheduler(self.optimizer, critic.lr_warmup_steps)
+        self.scheduler = warmup_scheduler(self.optimizer, optim.lr_warmup_steps)
         self.forward_pass = pass_config(
             c.model,
             critic.micro_batch_size,
@@ -111,7 +113,13 @@ class CriticWorker(Worker):
             "critic.ppo_max_token_len_per_gpu",
         )
         self.trainer = ValueTrainer(
-            self.model, self.optimizer, self.scheduler, critic, update_pass, self.ledger
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            critic,
+            c.derived,
+            update_pass,
+            self.ledger,
         )
         self.ledger.track("critic", self._components)
         self.ledger.record("init/critic")
@@ -119,8 +127,8 @@ class CriticWorker(Worker):
             self.model,
             self.optimizer,
             self.device,
-            critic.param_offload,
-            critic.optimizer_offload,
+            critic.offload.param_offload,
+            critic.offload.optimizer_offload,
         )
         self.offloader.offload_optimizer()
         self.offloader.offload_params()

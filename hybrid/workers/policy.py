@@ -4,8 +4,10 @@ Per optimizer step (one mini-batch of this rank's rows), for each micro-batch:
     loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl(actor || ref)
 with the PPO-clip family of hybrid.algorithms.policy_loss (clip-higher, dual clip) and, at
 most one of, truncated importance sampling between the rollout's and the actor's old log-probs
-(tis_cap) or decoupled PPO (decoupled_cap, hybrid.algorithms.off_policy): the old log-probs are
-the proximal policy, the rollout's the behaviour policy, and tokens above the cap leave the loss.
+(the WorkerSpec's tis_cap) or decoupled PPO (its decoupled_cap, hybrid.algorithms.off_policy):
+the old log-probs are the proximal policy, the rollout's the behaviour policy, and tokens above
+the cap leave the loss. The mini-batch size and the caps are the trainer's derived values
+(`WorkerSpec`), the rest the user's `ActorConfig`.
 
 Normalisers are global: the token (and sequence) counts of the whole mini-batch summed over
 micro-batches and over data-parallel ranks. FSDP averages gradients over ranks, so each
@@ -31,7 +33,7 @@ from hybrid.algorithms.policy_loss import (
 from hybrid.data import Batch
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.torch_compat import all_gather_single
-from hybrid.workers.config import ActorConfig
+from hybrid.workers.config import ActorConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
 
@@ -51,12 +53,14 @@ class PolicyTrainer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         config: ActorConfig,
+        spec: WorkerSpec,
         pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.config = config
+        self.spec = spec
         self.pass_config = pass_config
         self.ledger = ledger
 
@@ -65,14 +69,13 @@ class PolicyTrainer:
         required = list(UPDATE_KEYS)
         if self.config.use_kl_loss:
             required.append("ref_log_prob")
-        corrected = self.config.tis_cap is not None or self.config.decoupled_cap is not None
-        if corrected or "old_log_probs" not in batch:
+        if self.spec.corrected or "old_log_probs" not in batch:
             required.append("rollout_log_probs")
         missing = [key for key in required if key not in batch]
         if missing:
             raise KeyError(f"update_actor needs batch keys {missing}; it has {batch.keys()}")
         self.model.train()
-        size = self.config.mini_batch_size or len(batch)
+        size = self.spec.mini_batch_rows or len(batch)
         if len(batch) % size:
             raise ValueError(f"{len(batch)} rows per rank do not split into mini-batches of {size}")
         if "old_log_probs" not in batch and (self.config.ppo_epochs > 1 or size < len(batch)):
@@ -84,7 +87,7 @@ class PolicyTrainer:
         return mean_over_mini_batches(batch, size, self.config.ppo_epochs, self._step)
 
     def _step(self, mini: Batch) -> dict[str, float]:
-        c = self.config
+        c, spec = self.config, self.spec
         device = mini.tensors["response_mask"].device
         local_tokens, global_tokens, global_seqs = normalisers(mini)
         scale = dist.get_world_size() if dist.is_initialized() else 1
@@ -93,7 +96,7 @@ class PolicyTrainer:
         on_policy = "old_log_probs" not in mini
         totals = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
         fractions: dict[str, float] = {}
-        if c.decoupled_cap is not None:
+        if spec.decoupled_cap is not None:
             fractions["actor/decoupled_kept_frac"] = 0.0
         first_pass = FirstPassStats()
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
@@ -142,7 +145,7 @@ class PolicyTrainer:
             share = float(mask.sum()) / local_tokens
             for key, value in pg_metrics.items():
                 fractions[key] = fractions.get(key, 0.0) + value * share
-        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
+        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
         boundary(self.ledger, "update/optimizer_step")
         return {
             **totals,
@@ -159,17 +162,18 @@ class PolicyTrainer:
         """The micro-batch's advantages, (B,) or (B, T), times the per-token weights of TIS or
         decoupled PPO when one is on; with decoupled PPO also the number of response tokens
         kept in the loss (else None)."""
-        c = self.config
+        spec = self.spec
         advantages = micro.tensors["advantages"]
-        if c.tis_cap is None and c.decoupled_cap is None:
+        if not spec.corrected:
             return advantages, None
         rollout_log_prob = micro.tensors["rollout_log_probs"]
         per_token = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # (B, T)
-        if c.tis_cap is not None:
+        if spec.tis_cap is not None:
             # A positive per-token weight on the advantage scales both clip branches alike.
-            weights = truncated_importance_weights(old_log_prob, rollout_log_prob, c.tis_cap)
+            weights = truncated_importance_weights(old_log_prob, rollout_log_prob, spec.tis_cap)
             return per_token * weights, None
-        weights, keep = decoupled_weights(old_log_prob, rollout_log_prob, c.decoupled_cap)
+        assert spec.decoupled_cap is not None  # corrected, and not by TIS
+        weights, keep = decoupled_weights(old_log_prob, rollout_log_prob, spec.decoupled_cap)
         # Dropped tokens get weight 0, so they add 0 to the pg loss and to its gradient, while
         # the loss mask, and with it every normaliser (global_tokens, global_seqs, and the
         # per-row length of seq-mean-token-mean), stays unchanged: the loss is the whole

@@ -46,7 +46,7 @@ class ReferenceWorker(Worker):
         )
         self.ledger.track("ref", self._components)
         self.offloader = Offloader(
-            self.model, None, self.device, c.ref.param_offload, optimizer_offload=False
+            self.model, None, self.device, c.ref.offload.param_offload, optimizer_offload=False
         )
         self.offloader.offload_params()
         self.ledger.record("init/ref")

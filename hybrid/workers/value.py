@@ -15,7 +15,7 @@ import torch.distributed as dist
 from hybrid.algorithms.value_loss import clipped_value_loss
 from hybrid.data import Batch
 from hybrid.memory.ledger import MemoryLedger
-from hybrid.workers.config import CriticConfig
+from hybrid.workers.config import CriticConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
 from hybrid.workers.packing import packed_inputs, padded_inputs
@@ -57,8 +57,8 @@ def compute_values(model: torch.nn.Module, batch: Batch, config: PassConfig) -> 
 
 
 class ValueTrainer:
-    """`ppo_epochs` passes over this rank's rows, one optimizer step per mini-batch of
-    `mini_batch_size` rows, the clipped value loss against the batch's returns."""
+    """`ppo_epochs` passes over this rank's rows, one optimizer step per mini-batch of the
+    spec's `mini_batch_rows` rows, the clipped value loss against the batch's returns."""
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class ValueTrainer:
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         config: CriticConfig,
+        spec: WorkerSpec,
         pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
     ) -> None:
@@ -73,6 +74,7 @@ class ValueTrainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
+        self.spec = spec
         self.pass_config = pass_config
         self.ledger = ledger
 
@@ -81,7 +83,7 @@ class ValueTrainer:
         if missing:
             raise KeyError(f"update_critic needs batch keys {missing}; it has {batch.keys()}")
         self.model.train()
-        size = self.config.mini_batch_size or len(batch)
+        size = self.spec.mini_batch_rows or len(batch)
         if len(batch) % size:
             raise ValueError(f"{len(batch)} rows per rank do not split into mini-batches of {size}")
         return mean_over_mini_batches(batch, size, self.config.ppo_epochs, self._step)
@@ -113,7 +115,7 @@ class ValueTrainer:
             share = float(mask.sum()) / local_tokens
             clipfrac += float(micro_clipfrac) * share
             predicted += float((values.detach() * mask).sum()) / local_tokens
-        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.max_grad_norm)
+        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
         self.scheduler.step()
         boundary(self.ledger, "update_critic/optimizer_step")
         return {

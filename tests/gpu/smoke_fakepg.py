@@ -66,7 +66,7 @@ from hybrid.models import vocab_size
 from hybrid.sharding.gather import Granularity, iter_full_parameters
 from hybrid.sharding.offload import offload_optimizer
 from hybrid.torch_compat import all_gather_single
-from hybrid.workers.config import ActorConfig
+from hybrid.workers.config import ActorConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig
 from hybrid.workers.fsdp import build_optimizer
 from hybrid.workers.policy import PolicyTrainer
@@ -112,7 +112,7 @@ class Actor:
         self.optimizer = build_optimizer(self.model, 1e-6, 0.0, (0.9, 0.999), 1e-8)
         config = ActorConfig(micro_batch_size=args.rows)
         self.trainer = PolicyTrainer(
-            self.model, self.optimizer, config, PassConfig(args.rows), ledger
+            self.model, self.optimizer, config, WorkerSpec(), PassConfig(args.rows), ledger
         )
         ledger.track("actor", self.components)
         ledger.label = "init"

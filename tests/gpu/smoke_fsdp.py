@@ -69,7 +69,7 @@ from hybrid.memory.components import (
 from hybrid.models import TinyModelConfig, build_tiny_model, vocab_size
 from hybrid.sharding.gather import iter_full_parameters
 from hybrid.sharding.offload import Offloader
-from hybrid.workers.config import ActorConfig
+from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.policy import PolicyTrainer
@@ -143,9 +143,11 @@ class Actor:
             str(model_dir), mesh, device, param_dtype=dtype, gradient_checkpointing=True
         )
         self.optimizer = build_optimizer(self.model, 1e-5, 0.0, (0.9, 0.999), 1e-8)
-        config = ActorConfig(micro_batch_size=MICRO_BATCH, lr=1e-5)
+        config = ActorConfig(micro_batch_size=MICRO_BATCH, optim=OptimConfig(lr=1e-5))
         passes = PassConfig(micro_batch_size=MICRO_BATCH)
-        self.trainer = PolicyTrainer(self.model, self.optimizer, config, passes, ledger)
+        self.trainer = PolicyTrainer(
+            self.model, self.optimizer, config, WorkerSpec(), passes, ledger
+        )
         ledger.track("actor", self.components)
         ledger.record("init/model")
 
@@ -307,9 +309,8 @@ def measure_mfu(
     shape = SHAPES[args.mfu_shape]
     model = random_fsdp_model(shape, mesh, device, param_dtype=dtype)
     optimizer = build_optimizer(model, 1e-6, 0.0, (0.9, 0.999), 1e-8)
-    trainer = PolicyTrainer(
-        model, optimizer, ActorConfig(micro_batch_size=4, lr=1e-6), PassConfig(4)
-    )
+    config = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-6))
+    trainer = PolicyTrainer(model, optimizer, config, WorkerSpec(), PassConfig(4))
     prompt, response = (512, 1536) if device.type == "cuda" else (32, 96)
     batch = synthetic_batch([prompt] * 16, [response] * 16, vocab_size(shape.vocab)).to(device)
     parameters = full_parameter_count(model)

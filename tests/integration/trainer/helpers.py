@@ -6,13 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
 from hybrid.data import write_rows
 from hybrid.main import build_config
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.trainer.compose import compose
 from hybrid.trainer.config import TrainerRunConfig
-from tests.conftest import REPO_ROOT
 
 # Metrics that differ between runs by nature (wall time, memory); the rest repeat exactly.
 UNREPEATABLE = ("timing_s/", "perf/", "memory/")
@@ -49,7 +47,7 @@ def small_run_overrides(assets: Path, output_dir: Path, *extra: str) -> list[str
         "rollout.n=4",
         "actor.micro_batch_size=8",
         "actor.use_kl_loss=true",
-        "actor.lr=1e-3",
+        "actor.optim.lr=1e-3",
         "trainer.loggers=[jsonl]",
         "trainer.val_before_train=false",
         "trainer.test_freq=0",
@@ -59,26 +57,25 @@ def small_run_overrides(assets: Path, output_dir: Path, *extra: str) -> list[str
 
 
 def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunConfig:
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose(
-            "config",
-            overrides=[
-                f"model.path={assets / 'model'}",
-                f"data.train_files=[{assets / 'train.jsonl'}]",
-                f"data.val_files=[{assets / 'test.jsonl'}]",
-                f"trainer.output_dir={output_dir}",
-                "data.train_batch_size=4",
-                "algorithm.ppo_mini_batch_size=2",
-                "rollout.n=4",
-                "actor.micro_batch_size=2",
-                "actor.use_kl_loss=true",
-                "actor.entropy_coeff=0.01",
-                "trainer.loggers=[jsonl]",
-                "trainer.val_before_train=false",
-                "trainer.test_freq=0",
-                *overrides,
-            ],
-        )
+    cfg = compose(
+        "config",
+        [
+            f"model.path={assets / 'model'}",
+            f"data.train_files=[{assets / 'train.jsonl'}]",
+            f"data.val_files=[{assets / 'test.jsonl'}]",
+            f"trainer.output_dir={output_dir}",
+            "data.train_batch_size=4",
+            "algorithm.ppo_mini_batch_size=2",
+            "rollout.n=4",
+            "actor.micro_batch_size=2",
+            "actor.use_kl_loss=true",
+            "actor.entropy_coeff=0.01",
+            "trainer.loggers=[jsonl]",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=0",
+            *overrides,
+        ],
+    )
     return build_config(cfg)
 
 
@@ -100,6 +97,4 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 def small_config(assets: Path, output_dir: Path, *extra: str) -> TrainerRunConfig:
     """`small_run_overrides` as a typed config, for an in-process `Driver(config).fit()`."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose("config", overrides=small_run_overrides(assets, output_dir, *extra))
-    return build_config(cfg)
+    return build_config(compose("config", small_run_overrides(assets, output_dir, *extra)))

@@ -224,7 +224,7 @@ def test_lora_trains_in_the_decoupled_modes(
         "sync.method=memory",
         "sync.timeout_s=60",
         "model.lora.rank=8",
-        "actor.lr=1e-2",
+        "actor.optim.lr=1e-2",
     )
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     fresh = [m for m in metrics if m["rollout/fresh_tokens"]]

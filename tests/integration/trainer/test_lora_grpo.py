@@ -64,7 +64,7 @@ def lora_config(assets: Path, out: Path, steps: int, *overrides: str) -> Trainer
         f"trainer.total_steps={steps}",
         f"trainer.save_freq={STEPS}",
         "model.lora.rank=8",
-        "actor.lr=1e-2",
+        "actor.optim.lr=1e-2",
         *overrides,
     )
 

@@ -181,7 +181,7 @@ def test_lora_on_two_nodes_syncs_adapters_only(
             out,
             "trainer.total_steps=2",
             "model.lora.rank=8",
-            "actor.lr=1e-2",
+            "actor.optim.lr=1e-2",
             *on_two_nodes(address),
         )
     )

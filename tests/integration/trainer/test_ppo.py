@@ -40,9 +40,9 @@ PPO = (
     "actor.use_kl_loss=false",
     "critic.micro_batch_size=4",
     # fp32 on every machine: the KL of equal weights is then rounding-level (checked below)
-    "actor.param_dtype=float32",
-    "ref.param_dtype=float32",
-    "critic.param_dtype=float32",
+    "actor.precision.param_dtype=float32",
+    "ref.precision.param_dtype=float32",
+    "critic.precision.param_dtype=float32",
     "trainer.critic_warmup=1",
     "trainer.save_freq=1",
 )

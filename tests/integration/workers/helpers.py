@@ -22,6 +22,7 @@ from hybrid.workers.config import (
     HybridWorkerConfig,
     LoraConfig,
     ModelConfig,
+    OptimConfig,
     RefConfig,
 )
 from hybrid.workers.ref import ReferenceWorker
@@ -35,7 +36,7 @@ def worker_config(
 ) -> HybridWorkerConfig:
     return HybridWorkerConfig(
         model=ModelConfig(path=str(model_dir), lora=LoraConfig(rank=lora_rank)),
-        actor=ActorConfig(lr=lr, micro_batch_size=2),
+        actor=ActorConfig(optim=OptimConfig(lr=lr), micro_batch_size=2),
         # The same micro-batches on every side: bf16 passes over packed micro-batches are
         # bit-identical across passes only when the rows are packed together alike.
         ref=RefConfig(micro_batch_size=2),

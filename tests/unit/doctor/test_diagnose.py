@@ -19,6 +19,8 @@ from hybrid.memory.model_shape import ModelShape, model_shape
 pytestmark = pytest.mark.unit
 
 PRESET = "qwen2_5_7b_gsm8k_8gpu"
+USER_MODEL = "model.path=/models/Qwen2.5-7B-Instruct"
+"""What a user of a GPU preset passes (the presets leave model.path unset)."""
 H100 = Gpu("NVIDIA H100 80GB HBM3", 79.19, (9, 0))
 GPU_NODE = HostFacts(
     packages={"torch": "2.13.0", "vllm": "0.32.0", "ray": "2.60.0", "transformers": "5.19.0"},
@@ -53,7 +55,8 @@ def run(
     config_name: str = PRESET,
     inputs: InputFacts | None = None,
 ) -> Report:
-    config = compose_config(config_name, list(overrides))
+    given = config_name == "config" or any(o.startswith("model.path=") for o in overrides)
+    config = compose_config(config_name, list(overrides) if given else [USER_MODEL, *overrides])
     return diagnose(config, facts, shape, config_name=config_name, inputs=inputs)
 
 
@@ -175,6 +178,10 @@ def test_missing_inputs_fail_naming_the_field(qwen7b: ModelShape) -> None:
     report = run(GPU_NODE, qwen7b, inputs=inputs)
     assert fails(report, "model.path", "not a local directory")
     assert fails(report, "data.train_files: nowhere.parquet does not exist")
+    # A preset leaves model.path to the command line (not the demo's tiny model).
+    unset = run(GPU_NODE, qwen7b, "model.path=???")
+    assert fails(unset, "model.path: unset (???)", "pass model.path=DIR")
+    assert compose_config(PRESET, []).model.path == "???"
 
 
 def test_placement_packs_each_group_onto_one_node() -> None:
@@ -202,7 +209,7 @@ def test_a_name_matches_the_preset_it_starts_with(name: str, preset: str | None)
 
 
 def test_the_shape_comes_from_the_flag_then_the_path_then_the_name() -> None:
-    config = compose_config(PRESET, [])  # its model.path (the demo's) does not exist here
+    config = compose_config(PRESET, [])  # the preset leaves model.path unset
     assert choose_shape(config, PRESET, "Qwen2.5-14B", InputFacts()).model == "Qwen2.5-14B"
     assert choose_shape(config, PRESET, None, InputFacts()).model == "Qwen2.5-7B"
     mine = compose_config("config", ["model.path=/models/Qwen2.5-3B-Instruct"])

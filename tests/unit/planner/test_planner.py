@@ -122,7 +122,8 @@ def test_peaks_grow_with_the_micro_batch_and_the_response_length() -> None:
 
 
 def test_optimizer_offload_frees_exactly_the_adam_state_outside_the_update() -> None:
-    kept, offloaded = plan("actor.optimizer_offload=false"), plan("actor.optimizer_offload=true")
+    kept = plan("actor.offload.optimizer_offload=false")
+    offloaded = plan("actor.offload.optimizer_offload=true")
     adam_gib = 2 * (QWEN_7B_PARAMS // 8) * 4 / GIB  # exp_avg + exp_avg_sq, fp32, 1/8 shard
     for phase in ("trainer/ready", "rollout/generate", "old_log_prob/forward", "ref/forward"):
         assert peak(kept, phase) - peak(offloaded, phase) == pytest.approx(adam_gib), phase
@@ -135,9 +136,9 @@ def test_param_offload_only_acts_on_gpu() -> None:
     tiny = model_shape("tiny")
     base = plan_memory(compose_config("config", []), tiny, 8.0)
     offload = [
-        "actor.param_offload=true",
-        "actor.optimizer_offload=true",
-        "ref.param_offload=true",
+        "actor.offload.param_offload=true",
+        "actor.offload.optimizer_offload=true",
+        "ref.offload.param_offload=true",
     ]
     moved = compose_config("config", offload)
     assert plan_memory(moved, tiny, 8.0).phases == base.phases
@@ -234,8 +235,9 @@ def test_lora_has_no_reference_and_adapter_only_gradients_and_adam_state() -> No
     p, rank = lora_plan(), 32
     shard_gib = adapter_shard(rank) * 4 / GIB  # fp32 master dtype
     assert adapter_shard(rank) == adapter_elements(rank) // 8  # every dim divides by 8 here
-    # ref.param_offload=false would keep a reference resident in every phase, if there were one
-    for name, phase in lora_plan("ref.param_offload=false").phases.items():
+    # ref.offload.param_offload=false would keep a reference resident in every phase, if there
+    # were one
+    for name, phase in lora_plan("ref.offload.param_offload=false").phases.items():
         assert "ref_params" not in phase.components_gib, name
     # the reference forward runs on the actor (frozen bf16 base + adapters)
     actor = p.phases["ref/forward"].components_gib["actor_params"]
@@ -326,7 +328,7 @@ def test_suggestions_for_a_lora_config_fit_and_leave_the_reference_alone() -> No
     assert suggestions
     for s in suggestions:
         assert s.plan.fits and s.plan.lora_rank == 32
-        assert not any(o.startswith("ref.param_offload") for o in s.overrides)
+        assert not any(o.startswith("ref.offload.param_offload") for o in s.overrides)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -359,23 +361,29 @@ def test_cli_json_and_suggestions_over_budget(capsys: pytest.CaptureFixture[str]
 
 
 def test_overrides_of_keys_the_yaml_lacks_get_a_plus() -> None:
-    # config.yaml lists every schema field (tests/unit/trainer/test_config_reachable.py): only
-    # a key it lacks (a typo, which the strict converter then names) needs Hydra's `+`.
+    # The composed config holds every schema field (configs/ starts from the registered schema,
+    # tests/unit/trainer/test_config_reachable.py): only a key it lacks (a typo, which the
+    # strict converter then names) needs Hydra's `+`.
     cfg = compose("config", [])
     assert as_hydra_override(cfg, "actor.no_such_flag=true") == "+actor.no_such_flag=true"
-    assert as_hydra_override(cfg, "actor.optimizer_offload=true") == "actor.optimizer_offload=true"
+    offload = "actor.offload.optimizer_offload=true"
+    assert as_hydra_override(cfg, offload) == offload
     assert as_hydra_override(cfg, "actor.micro_batch_size=2") == "actor.micro_batch_size=2"
     assert as_hydra_override(cfg, "sync.gather=layer") == "sync.gather=layer"
-    compose("config", ["+actor.no_such_flag=true", "actor.optimizer_offload=true"])  # composes
+    compose("config", ["+actor.no_such_flag=true", offload])  # composes
 
 
 def test_cli_bad_input_names_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config-name", LAUNCHER, "--model", "Qwen9-1B"]) == 1
     error = capsys.readouterr().err
     assert "--model" in error and "Qwen2.5-7B" in error  # lists the presets
-    # (The launcher's own `model.path: ???` does not survive the merge over config.yaml's
-    # path: OmegaConf keeps a value that MISSING is merged onto; an override does unset it.)
-    assert main(["--config-name", LAUNCHER, "model.path=???"]) == 1
+    # The launcher leaves model.path unset (it drops the demo's inputs): the planner asks for
+    # --model, whether the path is unset by the preset or by an override.
+    assert main(["--config-name", LAUNCHER]) == 1
+    assert "--model" in capsys.readouterr().err
+    assert main(["--model", "tiny", "model.path=???"]) == 0
+    capsys.readouterr()
+    assert main(["model.path=???"]) == 1
     assert "--model" in capsys.readouterr().err
     assert main(["--model", str(REPO / "no-such-model-dir")]) == 1
     assert "--model" in capsys.readouterr().err
@@ -386,7 +394,7 @@ def test_cli_bad_input_names_the_option(capsys: pytest.CaptureFixture[str]) -> N
 def test_hsdp_shards_over_one_replica_and_splits_rows_over_all_ranks() -> None:
     """16 GPUs as 2 HSDP replicas of 8: every shard is as large as on one 8-GPU node, while
     each rank takes half the rows."""
-    resident = ("actor.optimizer_offload=false", "actor.param_offload=false")
+    resident = ("actor.offload.optimizer_offload=false", "actor.offload.param_offload=false")
     flat = plan("trainer.num_workers=16", "trainer.nnodes=2", *resident)
     hsdp = plan("trainer.num_workers=16", "trainer.nnodes=2", "actor.hsdp_replicas=2", *resident)
     one_node = plan(*resident)

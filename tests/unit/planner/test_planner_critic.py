@@ -62,7 +62,8 @@ def test_a_gae_plan_has_every_step_phase_and_the_critic_shard_by_hand() -> None:
 
 
 def test_critic_offload_moves_only_the_critic_outside_its_phases() -> None:
-    kept, offloaded = plan(), plan("critic.param_offload=true", "critic.optimizer_offload=true")
+    kept = plan()
+    offloaded = plan("critic.offload.param_offload=true", "critic.offload.optimizer_offload=true")
     for phase in STEP_PHASES:
         moved = held(kept, phase) - held(offloaded, phase)
         if phase.startswith("update_critic/"):  # params and optimizer state onloaded
@@ -122,9 +123,8 @@ def test_the_3b_ppo_launcher_fits_on_80_gib_gpus(
     workers: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     overrides = [*launcher_overrides(), f"trainer.num_workers={workers}"]
-    assert (
-        "algorithm.adv_estimator=gae" in overrides and "critic.optimizer_offload=true" in overrides
-    )
+    assert "algorithm.adv_estimator=gae" in overrides
+    assert "critic.offload.optimizer_offload=true" in overrides
     assert main(["--model", "Qwen2.5-3B", *overrides]) == 0
     out = capsys.readouterr().out
     assert "update_critic/backward" in out and "critic_params" in out

@@ -33,7 +33,7 @@ P = 7_615_616_512  # Qwen2.5-7B
 NVLS, RING = NVLS_COMMUNICATOR_BYTES / GIB, RING_COMMUNICATOR_BYTES / GIB
 BASE = (CONTEXT_BYTES + FRAGMENTATION_BYTES) / GIB
 TWO_NODES = ("trainer.num_workers=16", "trainer.nnodes=2")
-NO_OFFLOAD = ("actor.param_offload=false", "actor.optimizer_offload=false")
+NO_OFFLOAD = ("actor.offload.param_offload=false", "actor.offload.optimizer_offload=false")
 
 
 def plan(
@@ -143,7 +143,7 @@ def test_host_ram_of_the_7b_preset_with_every_offload_from_the_shape() -> None:
     assert plan("trainer.export_hf=false").host_peak_gib == pytest.approx(
         p.host_steady_gib + p.host_startup_gib
     )
-    kept = plan(*NO_OFFLOAD, "ref.param_offload=false")
+    kept = plan(*NO_OFFLOAD, "ref.offload.param_offload=false")
     assert kept.host_gib == {} and kept.host_steady_gib == 0
     assert "Host RAM per node (GiB): " in format_plan(p) and "pinned_rounding" in format_plan(p)
 

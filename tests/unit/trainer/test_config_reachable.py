@@ -1,28 +1,32 @@
-"""Every field of the typed config tree is listed in configs/config.yaml, so `key=value` on the
-command line sets it without Hydra's `+`; an override of each one reaches the typed config."""
+"""The dataclasses are the one home of the defaults: hybrid.trainer.compose registers every field
+of the typed tree at its default as Hydra's `schema`, configs/config.yaml starts from it and
+sets only what the demo changes, and `key=value` on the command line sets any field without
+Hydra's `+`; an override of each one reaches the typed config. Values the trainer derives
+(WorkerSpec) are no keys at all."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Iterator
 from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
-from hybrid.trainer.config import TrainerRunConfig
+from hybrid.main import build_config
+from hybrid.trainer.compose import compose, schema_defaults, to_run_config
+from hybrid.trainer.config import MODEL_PATH_UNSET, TrainerRunConfig
 from hybrid.trainer.demo_assets import DEMO_MODEL_PATH, DEMO_TRAIN_FILE, DEMO_VAL_FILE
-from hybrid.trainer.schema import from_dict
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
-# Schema fields the YAML must not set: the trainer derives them (and rejects a set value).
-DERIVED = {"actor.mini_batch_size", "actor.decoupled_cap", "critic.mini_batch_size"}
+PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "config")
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.alpha": ("model.lora.rank=8",),
@@ -55,32 +59,25 @@ def leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield path, hints[f.name]
 
 
-def schema_default(path: str) -> Any:
-    """The dataclass default of a leaf (MISSING for a required field)."""
-    cls: Any = TrainerRunConfig
-    *parents, name = path.split(".")
-    for parent in parents:
-        cls = get_type_hints(cls)[parent]
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
+def flat(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) of every leaf of nested mappings."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 LEAVES = dict(leaves(TrainerRunConfig))
-DEFAULTS = {path: schema_default(path) for path in LEAVES}
+DEFAULTS = dict(flat(schema_defaults()))
 
 
 def compose_config(name: str = "config", overrides: tuple[str, ...] = ()) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(name, overrides=list(overrides))
+    return compose(name, list(overrides))
 
 
 def to_typed(cfg: DictConfig) -> TrainerRunConfig:
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
-    return from_dict(TrainerRunConfig, data)
+    return to_run_config(cfg)
 
 
 def get_path(obj: Any, path: str) -> Any:
@@ -125,38 +122,49 @@ def as_override_value(value: Any) -> str:
     return str(value)
 
 
-def test_the_walk_sees_every_section_and_the_new_fields() -> None:
+def yaml_leaves(*names: str) -> dict[str, Any]:
+    """The fields configs/NAME.yaml files set themselves (their defaults lists and Hydra's
+    own settings left out)."""
+    found: dict[str, Any] = {}
+    for name in names:
+        data = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / f"{name}.yaml"))
+        assert isinstance(data, dict)
+        data.pop("defaults", None)
+        data.pop("hydra", None)
+        found.update(flat(data))
+    return found
+
+
+def test_the_walk_sees_every_section_and_the_grouped_fields() -> None:
     sections = {path.split(".")[0] for path in LEAVES}
     assert sections == {f.name for f in dataclasses.fields(TrainerRunConfig)}
-    for path in ("actor.param_dtype", "actor.weight_decay", "model.lora.rank",
+    for path in ("actor.precision.param_dtype", "actor.optim.weight_decay", "model.lora.rank",
+                 "critic.optim.lr_warmup_steps", "ref.offload.param_offload",
                  "rollout.dtype", "trainer.max_checkpoints_to_keep"):  # fmt: skip
         assert path in LEAVES
+    assert set(DEFAULTS) == set(LEAVES)  # the registered schema holds every field
 
 
-def test_every_schema_field_is_in_the_default_yaml() -> None:
+def test_every_schema_field_is_in_the_composed_default_config() -> None:
     cfg = compose_config()
-    missing = [
+    missing = [p for p in LEAVES if OmegaConf.select(cfg, p, default=_ABSENT) is _ABSENT]
+    assert not missing, f"missing from the registered schema (they would need `+`): {missing}"
+
+
+def test_config_yaml_sets_only_what_the_demo_changes() -> None:
+    """One home of the defaults: the YAML restates none of them, and every field it does not
+    set composes to the dataclass default."""
+    demo = yaml_leaves("config", "inputs/demo")
+    unknown = sorted(set(demo) - set(LEAVES))
+    assert not unknown, unknown
+    restated = [p for p in demo if as_override_value(demo[p]) == as_override_value(DEFAULTS[p])]
+    assert not restated, f"configs/config.yaml restates schema defaults: {restated}"
+    config = to_typed(compose_config())
+    drifted = [
         path
         for path in LEAVES
-        if path not in DERIVED and OmegaConf.select(cfg, path, default=_ABSENT) is _ABSENT
-    ]
-    assert not missing, f"add these to configs/config.yaml (else they need `+`): {missing}"
-    derived = [p for p in DERIVED if OmegaConf.select(cfg, p, default=_ABSENT) is not _ABSENT]
-    assert not derived, derived
-
-
-def test_the_yaml_lists_the_schema_defaults_where_the_demo_keeps_them() -> None:
-    """Fields the demo does not tune show the schema's default (the YAML must not drift)."""
-    config = to_typed(compose_config())
-    tuned = {  # the demo's own choices (tiny model, CPU, small batches)
-        "model.path", "actor.lr", "actor.micro_batch_size", "ref.micro_batch_size",
-        "rollout.max_model_len", "rollout.prompt_length", "rollout.response_length",
-        "rollout.n", "rollout.kv_cache_memory_bytes", "data.train_files", "data.val_files",
-        "data.max_prompt_length", "trainer.total_steps", "trainer.output_dir",
-        "trainer.test_freq", "trainer.val_before_train", "critic.lr", "critic.micro_batch_size",
-    }  # fmt: skip
-    drifted = [
-        path for path in LEAVES if path not in tuned and get_path(config, path) != DEFAULTS[path]
+        if path not in demo
+        and as_override_value(get_path(config, path)) != as_override_value(DEFAULTS[path])
     ]
     assert not drifted, drifted
     assert config.model.path == DEMO_MODEL_PATH
@@ -164,7 +172,7 @@ def test_the_yaml_lists_the_schema_defaults_where_the_demo_keeps_them() -> None:
     assert config.data.val_files == [DEMO_VAL_FILE]
 
 
-@pytest.mark.parametrize("path", sorted(set(LEAVES) - DERIVED))
+@pytest.mark.parametrize("path", sorted(LEAVES))
 def test_each_field_overrides_without_a_plus(path: str) -> None:
     current = get_path(to_typed(compose_config()), path)
     value = new_value(path, LEAVES[path], current)
@@ -182,18 +190,50 @@ def test_every_config_in_configs_composes_into_the_typed_tree(name: str) -> None
     cfg = compose_config(name, ("model.path=some/model",))
     config = to_typed(cfg)
     assert config.model.path == "some/model"
-    missing = [
-        p
-        for p in LEAVES
-        if p not in DERIVED and OmegaConf.select(cfg, p, default=_ABSENT) is _ABSENT
-    ]
+    missing = [p for p in LEAVES if OmegaConf.select(cfg, p, default=_ABSENT) is _ABSENT]
     assert not missing, missing
 
 
-def test_the_derived_micro_batch_is_rejected_when_set() -> None:
-    derived = r"actor\.mini_batch_size .*algorithm\.ppo_mini_batch_size"
-    with pytest.raises(ValueError, match=derived):
-        to_typed(compose_config(overrides=("+actor.mini_batch_size=4",)))
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_preset_run_without_model_path_fails_naming_it(name: str) -> None:
+    # The planner and the doctor read the preset without a model (model.path unset) ...
+    assert to_typed(compose_config(name)).model.path == MODEL_PATH_UNSET
+    # ... a run refuses it, before anything is built.
+    with pytest.raises(ValueError, match=r"model\.path is not set"):
+        build_config(compose_config(name))
+
+
+@pytest.mark.parametrize(
+    "key", ["actor.mini_batch_size", "actor.decoupled_cap", "critic.mini_batch_size"]
+)
+def test_a_derived_value_is_an_unknown_key(key: str) -> None:
+    escaped = re.escape(key)
+    with pytest.raises(ValueError, match=rf"unknown config keys \['{escaped}'\]"):
+        to_typed(compose_config(overrides=(f"+{key}=4",)))
+    with pytest.raises(ConfigCompositionException, match=escaped):
+        compose_config(overrides=(f"{key}=4",))  # Hydra names it too (no such key to set)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("actor.lr", "actor.optim.lr"),
+        ("critic.lr_warmup_steps", "critic.optim.lr_warmup_steps"),
+        ("ref.param_dtype", "ref.precision.param_dtype"),
+        ("actor.optimizer_offload", "actor.offload.optimizer_offload"),
+    ],
+)
+def test_a_field_that_moved_into_a_group_names_its_new_place(old: str, new: str) -> None:
+    value = "float32" if old.endswith("dtype") else "1"
+    with pytest.raises(ValueError, match=rf"{old} was replaced: set {new} instead"):
+        to_typed(compose_config(overrides=(f"+{old}={value}",)))
+
+
+def test_a_group_field_error_names_the_whole_path() -> None:
+    with pytest.raises(ValueError, match=r"actor\.optim\.lr must be > 0, got 0"):
+        to_typed(compose_config(overrides=("actor.optim.lr=0",)))
+    with pytest.raises(ValueError, match=r"ref\.precision\.param_dtype must be one of"):
+        to_typed(compose_config(overrides=("ref.precision.param_dtype=fp8",)))
 
 
 def test_max_checkpoints_to_keep_is_validated() -> None:

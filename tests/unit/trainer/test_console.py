@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from rich.console import Console
 
+from hybrid.trainer.compose import compose, to_run_config
 from hybrid.trainer.config import TrainerConfig, TrainerRunConfig
 from hybrid.trainer.console import (
     MAX_COLUMNS,
@@ -27,8 +26,6 @@ from hybrid.trainer.console import (
     run_log_dir,
     startup_summary,
 )
-from hybrid.trainer.schema import from_dict
-from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -118,10 +115,7 @@ def test_durations_rates_and_eta() -> None:
 
 def config(*overrides: str) -> TrainerRunConfig:
     """The default run's config (configs/config.yaml) with Hydra overrides."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        data = OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
-    assert isinstance(data, dict)
-    return from_dict(TrainerRunConfig, data)
+    return to_run_config(compose("config", list(overrides)))
 
 
 def test_the_startup_summary_names_what_the_workers_resolved() -> None:

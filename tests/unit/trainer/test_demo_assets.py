@@ -7,10 +7,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from hybrid.main import build_config
 from hybrid.models.__main__ import main as models_cli
+from hybrid.trainer.compose import compose
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.demo_assets import (
     DEMO_MODEL_PATH,
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.unit
 
 
 def default_config(*overrides: str) -> TrainerRunConfig:
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        return build_config(compose("config", overrides=list(overrides)))
+    return build_config(compose("config", list(overrides)))
 
 
 def script_outputs(root: Path) -> Path:

@@ -37,19 +37,24 @@ def test_latest_checkpoint_picks_the_highest_complete_step(tmp_path: Path) -> No
 
 def _minimal(**overrides: object) -> dict:
     config: dict = {"model": {"path": "m"}, "rollout": {"n": 4}, "trainer": {"num_workers": 2}}
-    for dotted, value in overrides.items():
-        group, key = dotted.split("__")
-        config.setdefault(group, {})[key] = value
+    for dotted, value in overrides.items():  # actor__optim__lr: config["actor"]["optim"]["lr"]
+        *groups, key = dotted.split("__")
+        section = config
+        for group in groups:
+            section = section.setdefault(group, {})
+        section[key] = value
     return config
 
 
 def test_from_dict_builds_frozen_typed_configs() -> None:
-    config = from_dict(TrainerRunConfig, _minimal(actor__betas=[0.9, 0.95], actor__lr=1))
-    assert config.actor.betas == (0.9, 0.95)
-    assert config.actor.lr == 1.0 and isinstance(config.actor.lr, float)
+    config = from_dict(
+        TrainerRunConfig, _minimal(actor__optim__betas=[0.9, 0.95], actor__optim__lr=1)
+    )
+    assert config.actor.optim.betas == (0.9, 0.95)
+    assert config.actor.optim.lr == 1.0 and isinstance(config.actor.optim.lr, float)
     assert config.rows_per_step == config.data.train_batch_size * 4
     with pytest.raises(dataclasses_frozen_error()):
-        config.actor.lr = 2.0  # type: ignore[misc]
+        config.actor.optim.lr = 2.0  # type: ignore[misc]
 
 
 def dataclasses_frozen_error() -> type[Exception]:
@@ -62,7 +67,11 @@ def dataclasses_frozen_error() -> type[Exception]:
     ("overrides", "message"),
     [
         ({"actor__learnin_rate": 1.0}, r"unknown config keys \['actor\.learnin_rate'\]"),
-        ({"actor__lr": "fast"}, r"actor\.lr must be a float, got 'fast'"),
+        ({"actor__optim__lr": "fast"}, r"actor\.optim\.lr must be a float, got 'fast'"),
+        (
+            {"actor__optim__learnin_rate": 1.0},
+            r"unknown config keys \['actor\.optim\.learnin_rate'\]",
+        ),
         ({"sync__gather": "rows"}, r"sync\.gather must be one of"),
         (
             {"algorithm__ppo_mini_batch_size": 3},

@@ -57,10 +57,9 @@ def test_the_default_config_builds_with_gae() -> None:
             r"trainer\.critic_warmup \(3\) needs a critic \(algorithm\.adv_estimator=gae, "
             r"got grpo\)",
         ),
-        (
-            ("+critic.mini_batch_size=4",),
-            r"critic\.mini_batch_size \(4\) is derived .*algorithm\.ppo_mini_batch_size",
-        ),
+        (("+critic.mini_batch_size=4",), r"unknown config keys \['critic\.mini_batch_size'\]"),
+        (("critic.optim.lr=0",), r"critic\.optim\.lr must be > 0, got 0"),
+        (("critic.optim.lr_warmup_steps=-2",), r"critic\.optim\.lr_warmup_steps must be >= 0"),
         (
             (GAE, "critic.micro_batch_size=48"),  # 16 x 8 / 2 = 64 rows per worker
             r"rows per worker per optimizer step \(64\) .*critic\.micro_batch_size \(48\)",
@@ -78,9 +77,9 @@ def test_the_critic_and_kl_in_reward_build_on_the_decoupled_placements(mode: str
     built = config(GAE, "algorithm.use_kl_in_reward=true", *split)
     assert built.use_critic and built.needs_reference and built.trainer.split
     # The critic's mini-batch follows the trainer group's share, like the actor's.
-    worker = built.worker_config()
-    assert worker.critic.mini_batch_size == worker.actor.mini_batch_size
-    assert worker.critic.mini_batch_size == 16 * 8 // built.trainer.num_trainer_workers
+    # (one derived value, WorkerSpec.mini_batch_rows, serves both)
+    rows = built.worker_config().derived.mini_batch_rows
+    assert rows == 16 * 8 // built.trainer.num_trainer_workers
     assert not built.on_policy_update  # the penalty needs the old log-probs
 
 
@@ -110,20 +109,20 @@ def test_estimators_without_a_group_take_one_sample_per_prompt(estimator: str) -
 
 def test_worker_config_gives_the_critic_the_actor_s_model_by_default() -> None:
     built = config(GAE)
-    assert built.critic.model.path is None and built.critic.mini_batch_size is None
+    assert built.critic.model.path is None
     critic = built.worker_config().critic
     assert critic.model.path == DEMO_MODEL_PATH == built.model.path
-    # derived like the actor's: 16 prompts x 8 samples / 2 workers
-    assert critic.mini_batch_size == 64 == built.worker_config().actor.mini_batch_size
+    # derived for actor and critic alike: 16 prompts x 8 samples / 2 workers
+    assert built.worker_config().derived.mini_batch_rows == 64
     # the run's own config is not mutated
-    assert built.critic.model.path is None and built.critic.mini_batch_size is None
+    assert built.critic.model.path is None
 
 
 def test_worker_config_keeps_an_explicit_critic_path() -> None:
     built = config(GAE, "critic.model.path=some/critic", "algorithm.ppo_mini_batch_size=8")
-    critic = built.worker_config().critic
-    assert critic.model.path == "some/critic"
-    assert critic.mini_batch_size == 32  # 8 x 8 / 2
+    worker = built.worker_config()
+    assert worker.critic.model.path == "some/critic"
+    assert worker.derived.mini_batch_rows == 32  # 8 x 8 / 2
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,11 @@ def test_the_fully_async_sizes() -> None:
         ),
         (
             ("algorithm.off_policy_correction=tis", "actor.tis_cap=2.0"),
-            r"either algorithm\.off_policy_correction=tis .* or actor\.tis_cap",
+            r"algorithm\.off_policy_correction=tis .* and actor\.tis_cap \(2\.0\) .*set one",
+        ),
+        (
+            ("algorithm.off_policy_correction=decoupled", "actor.tis_cap=2.0"),
+            r"algorithm\.off_policy_correction=decoupled .* and actor\.tis_cap \(2\.0\)",
         ),
     ],
 )
@@ -100,11 +104,14 @@ def test_bad_fully_async_input_names_the_field(overrides: tuple[str, ...], messa
         split_config(*overrides)
 
 
-def test_the_correction_reaches_the_actor() -> None:
-    decoupled = split_config("algorithm.off_policy_correction=decoupled").worker_config().actor
-    assert decoupled.decoupled_cap == 2.0 and decoupled.tis_cap is None
+def test_the_correction_reaches_the_workers_as_a_derived_value() -> None:
+    decoupled = split_config("algorithm.off_policy_correction=decoupled").worker_config()
+    assert decoupled.derived.decoupled_cap == 2.0 and decoupled.derived.tis_cap is None
     tis = split_config("algorithm.off_policy_correction=tis", "algorithm.importance_cap=3")
-    assert tis.worker_config().actor.tis_cap == 3.0
+    assert tis.worker_config().derived.tis_cap == 3.0
+    assert tis.actor.tis_cap is None  # the user's field is left as the user set it
+    own = split_config("actor.tis_cap=1.5").worker_config().derived
+    assert (own.tis_cap, own.decoupled_cap) == (1.5, None)
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ and the fix, and that every preset runs where flash-attn is not installed."""
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from hybrid.trainer.compose import compose
 from hybrid.workers.attention import resolve_attn_implementation
 from tests.conftest import REPO_ROOT
 
@@ -50,8 +50,7 @@ def test_explicit_kernels_are_kept(kernel: str) -> None:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_runs_on_a_gpu_node_without_flash_attn(preset: str) -> None:
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose(config_name=preset)
+    cfg = compose(preset, [])
     chosen = resolve_attn_implementation(
         cfg.model.attn_implementation, flash_installed=False, on_cuda=True
     )

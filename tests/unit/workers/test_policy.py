@@ -14,11 +14,14 @@ from transformers import AutoModelForCausalLM
 from hybrid.data import Batch
 from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.workers.config import ActorConfig
+from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.policy import PolicyTrainer
 
 pytestmark = pytest.mark.unit
+
+NO_CLIP = OptimConfig(max_grad_norm=1e9)
+"""The optimizer config of tests that compare steps: no gradient clipping."""
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +56,20 @@ def _batch(rows: int = 4, prompt: int = 3, response: int = 4) -> Batch:
 
 
 def _update(
-    model: torch.nn.Module, config: ActorConfig, batch: Batch, passes: PassConfig | None = None
+    model: torch.nn.Module,
+    config: ActorConfig,
+    batch: Batch,
+    passes: PassConfig | None = None,
+    spec: WorkerSpec | None = None,
 ) -> tuple[dict[str, float], torch.nn.Module]:
+    """One update of a copy of `model`; `spec`: the trainer's derived values (default: the
+    whole batch in one step, no off-policy correction)."""
     fresh = copy.deepcopy(model)
     # SGD: the step is the gradient itself (AdamW would blow rounding noise up to lr-sized steps).
     optimizer = torch.optim.SGD(fresh.parameters(), lr=1e-2)
     passes = passes or PassConfig(micro_batch_size=config.micro_batch_size)
-    return PolicyTrainer(fresh, optimizer, config, passes).update(batch), fresh
+    trainer = PolicyTrainer(fresh, optimizer, config, spec or WorkerSpec(), passes)
+    return trainer.update(batch), fresh
 
 
 def _same_step(a: torch.nn.Module, b: torch.nn.Module, atol: float = 1e-6) -> bool:
@@ -70,8 +80,8 @@ def _same_step(a: torch.nn.Module, b: torch.nn.Module, atol: float = 1e-6) -> bo
 
 
 def test_micro_batch_size_does_not_change_the_step(model: torch.nn.Module) -> None:
-    whole, a = _update(model, ActorConfig(micro_batch_size=4, max_grad_norm=1e9), _batch())
-    split, b = _update(model, ActorConfig(micro_batch_size=1, max_grad_norm=1e9), _batch())
+    whole, a = _update(model, ActorConfig(micro_batch_size=4, optim=NO_CLIP), _batch())
+    split, b = _update(model, ActorConfig(micro_batch_size=1, optim=NO_CLIP), _batch())
     assert whole["actor/pg_loss"] == pytest.approx(split["actor/pg_loss"], abs=1e-6)
     assert whole["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-4)
     assert _same_step(a, b)
@@ -89,7 +99,7 @@ def test_micro_batch_size_does_not_change_the_step(model: torch.nn.Module) -> No
 def test_the_step_does_not_depend_on_how_the_pass_runs(
     model: torch.nn.Module, passes: PassConfig
 ) -> None:
-    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9, entropy_coeff=0.01)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP, entropy_coeff=0.01)
     reference, a = _update(model, config, _batch(), PassConfig(micro_batch_size=4))
     got, b = _update(model, config, _batch(), passes)
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
@@ -99,7 +109,7 @@ def test_the_step_does_not_depend_on_how_the_pass_runs(
 
 def test_an_on_policy_update_skips_the_old_log_prob_pass(model: torch.nn.Module) -> None:
     batch = _batch()
-    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP)
     passes = PassConfig(micro_batch_size=2)
     current = score_responses(model, batch, passes, with_entropy=True)
     kept = [key for key in batch.keys() if key != "old_log_probs"]  # noqa: SIM118 (a Batch)
@@ -137,7 +147,9 @@ def test_kl_entropy_and_tis_compose(model: torch.nn.Module) -> None:
         model, ActorConfig(micro_batch_size=2, use_kl_loss=True, kl_loss_type="k1"), _batch()
     )
     assert with_kl["actor/kl_loss"] != 0.0
-    with_tis, _ = _update(model, ActorConfig(micro_batch_size=2, tis_cap=1.2), _batch())
+    with_tis, _ = _update(
+        model, ActorConfig(micro_batch_size=2), _batch(), spec=WorkerSpec(tis_cap=1.2)
+    )
     # exp(old - rollout) = exp(0.5) = 1.65, capped at 1.2: every advantage is scaled by 1.2.
     assert with_tis["actor/pg_loss"] == pytest.approx(1.2 * base["actor/pg_loss"], rel=1e-5)
 
@@ -157,9 +169,9 @@ def test_missing_inputs_are_named(model: torch.nn.Module) -> None:
     with pytest.raises(KeyError, match="ref_log_prob"):
         _update(model, ActorConfig(use_kl_loss=True), batch)
     with pytest.raises(KeyError, match="rollout_log_probs"):
-        _update(model, ActorConfig(tis_cap=2.0), batch)
+        _update(model, ActorConfig(), batch, spec=WorkerSpec(tis_cap=2.0))
     with pytest.raises(KeyError, match="rollout_log_probs"):
-        _update(model, ActorConfig(decoupled_cap=2.0), batch)
+        _update(model, ActorConfig(), batch, spec=WorkerSpec(decoupled_cap=2.0))
 
 
 def _with(batch: Batch, **tensors: torch.Tensor) -> Batch:
@@ -172,11 +184,9 @@ def test_decoupled_with_a_large_cap_scales_the_update_by_the_weights(
     model: torch.nn.Module,
 ) -> None:
     # exp(old - rollout) = exp(0.5) = 1.6487 on every token, below the cap: nothing dropped.
-    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP)
     base, plain = _update(model, config, _batch())
-    decoupled, a = _update(
-        model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=10.0), _batch()
-    )
+    decoupled, a = _update(model, config, _batch(), spec=WorkerSpec(decoupled_cap=10.0))
     assert decoupled["actor/pg_loss"] == pytest.approx(
         math.exp(0.5) * base["actor/pg_loss"], rel=1e-5
     )
@@ -189,9 +199,7 @@ def test_decoupled_with_a_large_cap_scales_the_update_by_the_weights(
     for p0, p1, p2 in zip(model.parameters(), plain.parameters(), a.parameters(), strict=True):
         torch.testing.assert_close(p2 - p0, math.exp(0.5) * (p1 - p0), atol=1e-6, rtol=1e-4)
     # ... and, with no weight above either cap, TIS's step.
-    _, b = _update(
-        model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, tis_cap=10.0), _batch()
-    )
+    _, b = _update(model, config, _batch(), spec=WorkerSpec(tis_cap=10.0))
     assert _same_step(a, b)
 
 
@@ -206,18 +214,15 @@ def test_decoupled_drops_the_tokens_above_the_cap(
         [[0.5, 2.0, 2.0, 2.0], [0.5, 0.5, 2.0, 2.0], [2.0, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]
     )
     batch = _with(batch, rollout_log_probs=old - gap)
-    config = ActorConfig(
-        micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=2.0, loss_agg_mode=loss_agg_mode
-    )
-    got, a = _update(model, config, batch)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP, loss_agg_mode=loss_agg_mode)
+    got, a = _update(model, config, batch, spec=WorkerSpec(decoupled_cap=2.0))
     # Response tokens: 2 (row 0 has two) + 4 + 4 + 4 = 14; kept: 1 + 2 + 3 + 4 = 10.
     assert got["actor/decoupled_kept_frac"] == pytest.approx(10 / 14)
     # The same step without a correction: per-token advantages A * 1.65 on kept tokens, 0 on
     # dropped ones, and the full mask, so every normaliser (per-row lengths too) is unchanged.
     weights = torch.where(gap == 0.5, math.exp(0.5), 0.0)
     advantages = batch.tensors["advantages"].unsqueeze(-1) * weights
-    plain = ActorConfig(micro_batch_size=2, max_grad_norm=1e9, loss_agg_mode=loss_agg_mode)
-    expected, b = _update(model, plain, _with(batch, advantages=advantages))
+    expected, b = _update(model, config, _with(batch, advantages=advantages))
     for key in ("actor/pg_loss", "actor/grad_norm"):
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
     assert _same_step(a, b)
@@ -225,8 +230,8 @@ def test_decoupled_drops_the_tokens_above_the_cap(
 
 def test_decoupled_with_a_tiny_cap_drops_every_token(model: torch.nn.Module) -> None:
     # every weight is exp(0.5) > 1e-3: no token is left for the pg term (the only term here)
-    config = ActorConfig(micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=1e-3)
-    got, updated = _update(model, config, _batch())
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP)
+    got, updated = _update(model, config, _batch(), spec=WorkerSpec(decoupled_cap=1e-3))
     assert got["actor/decoupled_kept_frac"] == 0.0
     assert got["actor/pg_loss"] == 0.0
     assert got["actor/grad_norm"] == 0.0
@@ -238,10 +243,9 @@ def test_decoupled_on_policy_uses_the_update_s_own_log_probs(model: torch.nn.Mod
     # either cap, decoupled PPO and TIS take the same step.
     kept = [key for key in _batch().keys() if key != "old_log_probs"]  # noqa: SIM118 (a Batch)
     batch = _batch().select(kept)
-    decoupled, a = _update(
-        model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, decoupled_cap=1e6), batch
-    )
-    tis, b = _update(model, ActorConfig(micro_batch_size=2, max_grad_norm=1e9, tis_cap=1e6), batch)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP)
+    decoupled, a = _update(model, config, batch, spec=WorkerSpec(decoupled_cap=1e6))
+    tis, b = _update(model, config, batch, spec=WorkerSpec(tis_cap=1e6))
     assert decoupled["actor/decoupled_kept_frac"] == 1.0
     assert decoupled["actor/pg_loss"] == pytest.approx(tis["actor/pg_loss"], rel=1e-6)
     assert _same_step(a, b)

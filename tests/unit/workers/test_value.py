@@ -15,11 +15,14 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from hybrid.data import Batch
 from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.workers.config import CriticConfig
+from hybrid.workers.config import CriticConfig, CriticOptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig
 from hybrid.workers.value import ValueTrainer, compute_values, warmup_scheduler
 
 pytestmark = pytest.mark.unit
+
+NO_CLIP = CriticOptimConfig(max_grad_norm=1e9)
+"""The optimizer config of tests that compare steps: no gradient clipping."""
 
 PROMPT, RESPONSE = 3, 4
 
@@ -66,13 +69,18 @@ def _with(batch: Batch, **tensors: torch.Tensor) -> Batch:
 
 
 def _update(
-    model: torch.nn.Module, config: CriticConfig, batch: Batch, lr: float = 1e-2
+    model: torch.nn.Module,
+    config: CriticConfig,
+    batch: Batch,
+    lr: float = 1e-2,
+    spec: WorkerSpec | None = None,
 ) -> tuple[dict[str, float], torch.nn.Module]:
     fresh = copy.deepcopy(model)
     # SGD: the step is the gradient itself (AdamW would blow rounding noise up to lr-sized steps).
     optimizer = torch.optim.SGD(fresh.parameters(), lr=lr)
     passes = PassConfig(micro_batch_size=config.micro_batch_size)
-    trainer = ValueTrainer(fresh, optimizer, warmup_scheduler(optimizer, 0), config, passes)
+    scheduler = warmup_scheduler(optimizer, 0)
+    trainer = ValueTrainer(fresh, optimizer, scheduler, config, spec or WorkerSpec(), passes)
     return trainer.update(batch), fresh
 
 
@@ -134,8 +142,8 @@ def test_values_are_zero_where_the_response_mask_is_zero(model: torch.nn.Module)
 def test_micro_batch_size_does_not_change_the_step(model: torch.nn.Module) -> None:
     # Row 0 has 2 response tokens, the others 4: a per-micro-batch mean would weight them
     # differently from the mini-batch's token mean.
-    whole, a = _update(model, CriticConfig(micro_batch_size=4, max_grad_norm=1e9), _batch())
-    split, b = _update(model, CriticConfig(micro_batch_size=1, max_grad_norm=1e9), _batch())
+    whole, a = _update(model, CriticConfig(micro_batch_size=4, optim=NO_CLIP), _batch())
+    split, b = _update(model, CriticConfig(micro_batch_size=1, optim=NO_CLIP), _batch())
     assert whole["critic/vf_loss"] == pytest.approx(split["critic/vf_loss"], abs=1e-6)
     assert whole["critic/grad_norm"] == pytest.approx(split["critic/grad_norm"], rel=1e-4)
     assert whole["critic/vpred_mean"] == pytest.approx(split["critic/vpred_mean"], abs=1e-6)
@@ -164,7 +172,8 @@ def test_a_few_updates_fit_the_returns(model: torch.nn.Module) -> None:
     optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-2)
     passes = PassConfig(micro_batch_size=2)
     config = CriticConfig(micro_batch_size=2, cliprange_value=10.0)
-    trainer = ValueTrainer(critic, optimizer, warmup_scheduler(optimizer, 0), config, passes)
+    scheduler = warmup_scheduler(optimizer, 0)
+    trainer = ValueTrainer(critic, optimizer, scheduler, config, WorkerSpec(), passes)
     before = _value_loss(compute_values(critic, batch, passes), returns, mask)
     losses = []
     for _ in range(8):
@@ -234,10 +243,10 @@ def test_warmup_scheduler(warmup_steps: int, factors: list[float]) -> None:
 def test_the_lr_metric_follows_the_warmup(model: torch.nn.Module) -> None:
     critic = copy.deepcopy(model)
     optimizer = torch.optim.SGD(critic.parameters(), lr=1e-3)
-    config = CriticConfig(micro_batch_size=4, lr_warmup_steps=4)
-    trainer = ValueTrainer(
-        critic, optimizer, warmup_scheduler(optimizer, 4), config, PassConfig(micro_batch_size=4)
-    )
+    config = CriticConfig(micro_batch_size=4, optim=CriticOptimConfig(lr_warmup_steps=4))
+    scheduler = warmup_scheduler(optimizer, config.optim.lr_warmup_steps)
+    passes = PassConfig(micro_batch_size=4)
+    trainer = ValueTrainer(critic, optimizer, scheduler, config, WorkerSpec(), passes)
     # one optimizer step per update; the metric is the lr after the scheduler's step
     lrs = [trainer.update(_batch())["critic/lr"] for _ in range(2)]
     assert lrs == pytest.approx([0.5e-3, 0.75e-3])
@@ -255,4 +264,4 @@ def test_missing_inputs_are_named(model: torch.nn.Module) -> None:
 
 def test_rows_that_do_not_split_into_mini_batches_are_refused(model: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match="4 rows per rank do not split into mini-batches of 3"):
-        _update(model, CriticConfig(mini_batch_size=3), _batch())
+        _update(model, CriticConfig(), _batch(), spec=WorkerSpec(mini_batch_rows=3))
