@@ -30,12 +30,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy hybrid
 
-test: lint typecheck
-	$(PY) -m pytest
+# Two single-threaded jobs on two cores: mypy beside the unit tier; then the integration tier.
+test: lint
+	$(MAKE) --no-print-directory -j2 typecheck test-fast
+	$(PY) -m pytest -m "not unit and not full"
 
 # The unit tier alone (no Ray, no vLLM): about a minute, for the edit loop.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m unit
+	$(PY) -m pytest -m "unit and not full"
 
 # Everything, the `full` variants too (more architectures x LoRA; deselected by `make test`).
 test-full: lint typecheck

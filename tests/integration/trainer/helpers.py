@@ -95,6 +95,12 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def config_from_overrides(overrides: list[str]) -> TrainerRunConfig:
+    """configs/config.yaml with `overrides`, typed as the entry point builds it, for an
+    in-process `Driver(config).fit()` on the session's Ray cluster."""
+    return build_config(compose("config", overrides))
+
+
 def small_config(assets: Path, output_dir: Path, *extra: str) -> TrainerRunConfig:
-    """`small_run_overrides` as a typed config, for an in-process `Driver(config).fit()`."""
-    return build_config(compose("config", small_run_overrides(assets, output_dir, *extra)))
+    """`small_run_overrides` as a typed config."""
+    return config_from_overrides(small_run_overrides(assets, output_dir, *extra))

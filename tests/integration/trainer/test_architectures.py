@@ -54,6 +54,9 @@ LORA_AUTO_BY_DEFAULT = "llama"
 # the direct LoRA cell of the untied family (the tied one keeps LoRA + direct covered).
 FULL_ONLY = {
     ("qwen2_untied", "full", "auto"),
+    # The fp16 direct sync of full weights runs by default on Qwen3; the untied layout's
+    # direct sync on test_direct_load.py's untied model.
+    ("qwen2_untied", "full", "fp16-direct"),
     ("qwen3", "full", "auto"),
     ("qwen2_untied", "lora", "fp16-direct"),
     # The tied Qwen2 is the default model of every other end-to-end test; Llama runs by

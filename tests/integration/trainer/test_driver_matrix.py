@@ -192,6 +192,7 @@ def pacing_run(assets: Path, out: Path, cell: tuple[int, float, str, int, int]) 
     return metrics
 
 
+@pytest.mark.full  # the slow Rollouter's run checks the same bounds by default
 def test_staleness_stays_bounded_with_a_fast_rollouter(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:

@@ -1,8 +1,8 @@
 """trainer.mode=fully_async end to end: the staleness bounds held over whole runs, syncs forced into
 the middle of generations (partial rollouts), and a Rollouter slower than the trainer.
 
-Each run is `python -m hybrid.main` in a subprocess (its own Ray cluster), 1 explorer + 1
-trainer worker on the tiny demo model. The bounds are checked from what the run recorded
+Each run is a `Driver` in this process on the session's Ray cluster, 1 explorer + 1 trainer
+worker on the tiny demo model. The bounds are checked from what the run recorded
 independently of the rule that enforced them: per-token versions of every trained token (the
 metrics), the queue's pacing record against budgets computed here from the config, and the
 accounting of every group the Rollouter started.
@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import (
-    child_env,
+    config_from_overrides,
     read_metrics,
     small_run_overrides,
     write_assets,
@@ -33,7 +32,7 @@ GROUPS_PER_VERSION = 4  # small_run_overrides: ppo_mini_batch_size 4, one update
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def assets(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_assets(tmp_path_factory.mktemp("fully_async"))
 
 
@@ -47,14 +46,8 @@ def run_async(assets: Path, out: Path, steps: int, *extra: str) -> tuple[list[di
         f"sync.checkpoint_dir={out / 'weights'}",
         *extra,
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "hybrid.main", *args],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    # In-process on the session's Ray cluster: the entry point is test_first_run.py's.
+    Driver(config_from_overrides(args)).fit()
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     return metrics, json.loads((out / "fully_async.json").read_text())

@@ -117,9 +117,7 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    Driver(
-        make_config(assets, straight, "trainer.total_steps=3", "trainer.export_hf=false")
-    ).fit()
+    Driver(make_config(assets, straight, "trainer.total_steps=3", "trainer.export_hf=false")).fit()
     Driver(
         make_config(assets, interrupted, "trainer.total_steps=2", "trainer.export_hf=false")
     ).fit()

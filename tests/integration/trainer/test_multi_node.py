@@ -4,8 +4,9 @@
 the same seed computes; its checkpoint resumes on one node; LoRA and HSDP work across the
 nodes; a node that leaves mid-run ends the run with an error naming it.
 
-Every run is `python -m hybrid.main` in a subprocess: the cluster's driver must not be this
-pytest process, which is already connected to the session's own cluster."""
+Every run on the cluster is `python -m hybrid.main` in a subprocess: the cluster's driver must
+not be this pytest process, which is already connected to the session's own cluster (where the
+one-node reference runs, in this process)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from ray.cluster_utils import Cluster
 
 from hybrid.memory.records import read_records
 from hybrid.trainer.checkpoints import complete_checkpoints
+from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
     child_env,
+    config_from_overrides,
     read_metrics,
     small_run_overrides,
     write_assets,
@@ -112,10 +115,13 @@ def assert_same_training(a: list[dict], b: list[dict], steps: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def single_node_run(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """The reference: the same 3 steps, seed and worker count on one local node."""
+def single_node_run(
+    ray_cluster: None, assets: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict]:
+    """The reference: the same 3 steps, seed and worker count on one node (in this process,
+    on the session's Ray cluster)."""
     out = tmp_path_factory.mktemp("one_node") / "run"
-    run_main(overrides(assets, out, "trainer.total_steps=3"))
+    Driver(config_from_overrides(overrides(assets, out, "trainer.total_steps=3"))).fit()
     return read_metrics(out)
 
 

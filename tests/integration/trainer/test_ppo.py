@@ -62,9 +62,7 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    Driver(
-        make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)
-    ).fit()
+    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)).fit()
     straight = read_metrics(out)
     assert [m["step"] for m in straight] == [1, 2, 3]
     for m in straight:
@@ -97,9 +95,7 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     # Resume from step 2: remove step 3's checkpoint (actor and critic) and run again.
     shutil.rmtree(checkpoint_dir(out, 3))
     shutil.rmtree(critic_checkpoint_dir(out, 3))
-    Driver(
-        make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)
-    ).fit()
+    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)).fit()
     resumed = read_metrics(out)
     assert [m["step"] for m in resumed] == [1, 2, 3, 3]
     expected, again = straight[2], resumed[3]

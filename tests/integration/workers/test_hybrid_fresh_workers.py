@@ -112,7 +112,9 @@ def check_strategy_fits_the_layout(facts: dict) -> None:
 # exercises the plain layout and the direct sync there too; on AVX2-only CPUs both are plain.
 # float16 in test-full (the architectures' fp16-direct cells sync it by default).
 @pytest.mark.parametrize("rollout_dtype", ["auto", pytest.param("float16", marks=pytest.mark.full)])
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize(
+    "tied", [True, pytest.param(False, marks=pytest.mark.full)], ids=["tied", "untied"]
+)  # untied by default: test_direct_load.py and the architectures' untied families
 def test_each_weight_layout_syncs_exactly_after_an_update(
     ray_cluster: None, tmp_path: Path, tied: bool, rollout_dtype: str
 ) -> None:
