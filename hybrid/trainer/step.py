@@ -251,10 +251,11 @@ class TrainStep:
 def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
     """One train step's metrics from its updates (fully_async may take several per step, each
     of the same number of rows): sums for counts and seconds, maxima for maxima, means for the
-    rest."""
+    rest, each over the updates that report the key (a worker records a publish only in the
+    update after it)."""
     merged: dict[str, float] = {}
-    for key in parts[0]:
-        values = [part[key] for part in parts]
+    for key in dict.fromkeys(key for part in parts for key in part):
+        values = [part[key] for part in parts if key in part]
         if key.endswith("_max") or key.endswith("/max"):
             merged[key] = max(values)
         elif key.startswith("timing_s/") or key in SUMMED:

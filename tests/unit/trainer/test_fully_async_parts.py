@@ -36,3 +36,13 @@ def test_merge_updates_sums_counts_and_seconds_and_keeps_maxima() -> None:
         "perf/tokens": 160.0,
         "rollout/fresh_tokens": 10.0,
     }
+
+
+def test_a_key_only_some_updates_report_is_merged_over_those() -> None:
+    """A worker records a publish only in the update after it: no KeyError, and the key's
+    figure comes from the updates that have it."""
+    parts = [
+        {"timing_s/publish": 0.4, "memory/peak_gib": 1.0},
+        {"memory/peak_gib": 3.0},
+    ]
+    assert merge_updates(parts) == {"timing_s/publish": 0.4, "memory/peak_gib": 2.0}
