@@ -84,7 +84,10 @@ engine.shutdown()
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+# The tied model's direct sync runs by default in test_hybrid_fresh_workers.py (tied, auto).
+@pytest.mark.parametrize(
+    "tied", [pytest.param(True, marks=pytest.mark.full), False], ids=["tied", "untied"]
+)
 # bf16 is the dtype that packs (on AVX-512); fp16 stays plain, and the plain layout's direct
 # load runs by default in test_architectures.py's fp16-direct cells: its cells here are `full`.
 @pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.full)])

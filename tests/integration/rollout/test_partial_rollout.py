@@ -103,6 +103,7 @@ def token_log_probs(model: torch.nn.Module, prompt: list[int], response: list[in
     return log_probs.gather(-1, torch.tensor(response)[:, None])[:, 0].tolist()
 
 
+@pytest.mark.full  # by default end to end: test_fully_async.py's mid-generation syncs
 def test_interrupted_samples_continue_under_the_new_weights(tmp_path: Path) -> None:
     model_dir = build_tiny_model(
         tmp_path / "model", TinyModelConfig.preset("tiny", dtype="float32"), seed=0

@@ -59,7 +59,9 @@ json.dump({"stale": stale, "applied": applied, "fixed": fixed, "layout": layout}
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+# float16 (plain on every CPU) in test-full: by default the tied Qwen3's fp16-direct cell of
+# test_architectures.py checks the engine's log-probs after a sync on that layout.
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.full)])
 def test_tied_lm_head_is_fresh_after_reload_on_either_layout(tmp_path: Path, dtype: str) -> None:
     model_dir = build_tiny_model(tmp_path / "tied", TinyModelConfig.preset("tiny"), seed=0)
     out = tmp_path / "out.json"

@@ -57,6 +57,8 @@ FULL_ONLY = {
     # The fp16 direct sync of full weights runs by default on Qwen3; the untied layout's
     # direct sync on test_direct_load.py's untied model.
     ("qwen2_untied", "full", "fp16-direct"),
+    # Mistral is Llama's layout with its own names; Llama runs by default (with LoRA).
+    ("mistral", "full", "auto"),
     ("qwen3", "full", "auto"),
     ("qwen2_untied", "lora", "fp16-direct"),
     # The tied Qwen2 is the default model of every other end-to-end test; Llama runs by

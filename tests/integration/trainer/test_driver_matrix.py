@@ -30,16 +30,14 @@ TOY = ("rollout.engine=toy",)
 STEPS = 3
 # (sync.method, sync.style, sync.offset): every transport under each style. By default each
 # transport and each schedule once (about 10 s a run, most of it starting the workers).
-DEFAULT_CELLS = [
-    ("checkpoint", "fixed", 0),
-    ("memory", "fixed", 1),
-    ("nccl", "dynamic_by_explorer", 0),
-]
+# memory one step off runs by default on vLLM (test_split.py's explorer kill, its first steps).
+DEFAULT_CELLS = [("checkpoint", "fixed", 0), ("nccl", "dynamic_by_explorer", 0)]
 SPLIT_CELLS = [
     *DEFAULT_CELLS,
     *(
         pytest.param(*cell, marks=pytest.mark.full)
         for cell in [
+            ("memory", "fixed", 1),
             ("memory", "fixed", 0),
             ("nccl", "fixed", 0),
             ("checkpoint", "fixed", 1),
@@ -150,7 +148,13 @@ def test_every_mode_reports_the_same_step_metrics(
 ) -> None:
     """One config, three modes: the train step's keys are the same set in each; what differs
     is only each mode's own rollout and sync figures."""
-    base = ("trainer.total_steps=2", "algorithm.skip_old_log_prob=false", "sync.method=memory")
+    base = (
+        "trainer.total_steps=2",
+        "algorithm.skip_old_log_prob=false",
+        "sync.method=memory",
+        # fully_async: two updates per published version, whose metrics one step merges.
+        "fully_async.trigger_parameter_sync_step=2",
+    )
     shared_step_keys = set()
     for mode, extras in MODE_EXTRAS.items():
         metrics = fit(assets, tmp_path / mode, *base, f"trainer.mode={mode}")
@@ -171,12 +175,14 @@ slower side."""
 PACING_STEPS = 50
 
 
-def pacing_run(assets: Path, out: Path, cell: tuple[int, float, str, int, int]) -> list[dict]:
+def pacing_run(
+    assets: Path, out: Path, cell: tuple[int, float, str, int, int], steps: int = PACING_STEPS
+) -> list[dict]:
     max_lag, threshold, method, chunk, length = cell
     metrics = fit(
         assets,
         out,
-        f"trainer.total_steps={PACING_STEPS}",
+        f"trainer.total_steps={steps}",
         "trainer.mode=fully_async",
         "sync.timeout_s=60",
         f"sync.checkpoint_dir={out / 'weights'}",
@@ -206,7 +212,7 @@ def test_staleness_stays_bounded_with_a_slow_rollouter(
 ) -> None:
     """The seed's failure mode: the Rollouter slower than the trainer. The run finishes, the
     trainer waits for a large part of every step, and nothing is trained beyond the bound."""
-    metrics = pacing_run(assets, tmp_path / "run", SLOW_ROLLOUTER)
+    metrics = pacing_run(assets, tmp_path / "run", SLOW_ROLLOUTER, steps=25)
     assert statistics.mean(m["trainer/idle_ratio"] for m in metrics[1:]) > 0.2
 
 
@@ -226,8 +232,6 @@ def test_lora_trains_in_the_decoupled_modes(
         "sync.timeout_s=60",
         "model.lora.rank=8",
         "actor.optim.lr=1e-2",
-        # Two updates per published version (fully_async): one step merges their metrics.
-        "fully_async.trigger_parameter_sync_step=2",
     )
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     fresh = [m for m in metrics if m["rollout/fresh_tokens"]]
