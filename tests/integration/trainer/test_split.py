@@ -191,14 +191,19 @@ def test_on_policy_means_every_consumed_token_has_lag_zero(
 
 @pytest.mark.full
 def test_three_transports_give_identical_engine_weights(on_policy_runs: OnPolicyRuns) -> None:
-    """Versions 0..2 are the same bytes in the engine whichever way they travelled."""
+    """Versions 0..2 are the same bytes in the engine whichever way they travelled (the toy
+    engine's test_driver_matrix.py compares all three transports on one layout)."""
     digests = {
         method: json.loads((out / "engine_digests.json").read_text())
         for method, out in on_policy_runs.items()
     }
     assert sorted(digests["memory"]) == ["0", "1", "2"]
-    assert digests["memory"] == digests["checkpoint"] == digests["nccl"]
+    assert digests["memory"] == digests["checkpoint"]
     assert len(set(digests["memory"].values())) == 3  # and the weights did change
+    # The nccl run trains on two trainer nodes (another reduction order): its version 0, the
+    # starting weights, is the same bytes; the versions after it are its own.
+    assert digests["nccl"]["0"] == digests["memory"]["0"]
+    assert len(set(digests["nccl"].values())) == 3
 
 
 # PPO with a critic on the trainer group: GAE, the KL penalty in the reward (beside the KL
