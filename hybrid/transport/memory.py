@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import ray
 import torch
-from ray.exceptions import GetTimeoutError, ObjectLostError
 
 from hybrid.transport.base import Announce, Side, TransportSettings
 from hybrid.transport.buckets import Staging, TensorMeta, Weights, iter_buckets, unpack_bucket
 from hybrid.transport.errors import TransportError
+
+if TYPE_CHECKING:
+    import ray
+
+# Ray is imported where a version is put or got, not here: the other transports (and the GPU
+# smoke tests, on a machine without Ray) import this package without needing it.
 
 
 def put_version(
@@ -35,6 +39,8 @@ def put_version(
     """Put the stream into the object store, one object per bucket (with each tensor's digest
     when `checksums`); the refs in stream order. `packing`: `iter_buckets`'s keyword options
     (a staging buffer is safe: `ray.put` copies the bucket before the next is packed)."""
+    import ray
+
     buckets = iter_buckets(weights, bucket_bytes, checksums, **packing)
     return [ray.put((flat.numpy(), metas)) for flat, metas in buckets]
 
@@ -55,6 +61,9 @@ def get_version(
     Raises `TransportError` if a bucket takes longer than `timeout_s` or is gone (its owner,
     the publisher, died).
     """
+    import ray
+    from ray.exceptions import GetTimeoutError, ObjectLostError
+
     label = "memory transport" if version is None else f"memory transport, version {version}"
     for index, ref in enumerate(refs):
         source = f"{label}, bucket {index + 1}/{len(refs)}"

@@ -205,8 +205,8 @@ def main() -> int:
     smoke.figure("device", torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     smoke.figure("scale", args.scale)
     smoke.skip("split_transport", "the BroadcastGroup transport is being rewritten")
-    smoke.section("engine_sleep", 120, engine_sleep, smoke, args, device)
-    smoke.section("actor_offload", 120, actor_offload, smoke, args, device)
+    smoke.section("engine_sleep", 30, engine_sleep, smoke, args, device)
+    smoke.section("actor_offload", 60, actor_offload, smoke, args, device)
     smoke.section("device_copy", 10, device_copy, smoke, args, device)
     return smoke.finish(args)
 

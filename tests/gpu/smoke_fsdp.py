@@ -29,6 +29,7 @@ exits 1 naming the failed checks, 2 if the deadline cut work short.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -92,6 +93,12 @@ def parse_args() -> argparse.Namespace:
         "--mfu-shape", choices=sorted(SHAPES), help="default: qwen2.5-1.5b (cpu: tiny)"
     )
     parser.add_argument("--peak-tflops", type=float, help="override the detected bf16 peak")
+    parser.add_argument(
+        "--mfu-profile",
+        action="store_true",
+        help="also profile one update (top kernels to <out>/mfu_profile.txt) and time the "
+        "update without gradient checkpointing",
+    )
     args = parser.parse_args()
     cpu = args.device == "cpu"
     args.model = args.model or ("tiny" if cpu else "bench-100m")
@@ -304,10 +311,14 @@ def measure_mfu(
     mesh: DeviceMesh,
     device: torch.device,
     dtype: torch.dtype,
+    checkpointing: bool = True,
 ) -> None:
     torch.use_deterministic_algorithms(False)  # the real update's kernels, not the bitwise ones
     shape = SHAPES[args.mfu_shape]
-    model = random_fsdp_model(shape, mesh, device, param_dtype=dtype)
+    model = random_fsdp_model(
+        shape, mesh, device, param_dtype=dtype, gradient_checkpointing=checkpointing
+    )
+    tag = "mfu" if checkpointing else "mfu_no_ckpt"
     optimizer = build_optimizer(model, 1e-6, 0.0, (0.9, 0.999), 1e-8)
     config = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-6))
     trainer = PolicyTrainer(model, optimizer, config, WorkerSpec(), PassConfig(4))
@@ -315,9 +326,9 @@ def measure_mfu(
     batch = synthetic_batch([prompt] * 16, [response] * 16, vocab_size(shape.vocab)).to(device)
     parameters = full_parameter_count(model)
     flops = update_flops(shape, parameters, batch)
-    smoke.figure("mfu_shape", args.mfu_shape)
-    smoke.figure("mfu_parameters", parameters)
-    smoke.figure("mfu_tokens_per_update", int(batch.tensors["attention_mask"].sum()))
+    smoke.figure(f"{tag}_shape", args.mfu_shape)
+    smoke.figure(f"{tag}_parameters", parameters)
+    smoke.figure(f"{tag}_tokens_per_update", int(batch.tensors["attention_mask"].sum()))
     reset_peak(device)
     _, warmup_s = timed(device, lambda: trainer.update(batch))
     smoke.log(f"  warm-up update {warmup_s:.2f}s")
@@ -326,21 +337,43 @@ def measure_mfu(
         seconds.append(timed(device, lambda: trainer.update(batch))[1])
         smoke.log(f"  update {len(seconds)}: {seconds[-1]:.3f}s")
     if not seconds:
-        smoke.skip("mfu_timed_updates", "deadline after the warm-up update", deadline=True)
+        smoke.skip(f"{tag}_timed_updates", "deadline after the warm-up update", deadline=True)
         return
     median = statistics.median(seconds)
     achieved = flops / median / 1e12
-    smoke.figure("mfu_update_s", round(median, 4))
-    smoke.figure("mfu_achieved_tflops", round(achieved, 3))
-    smoke.figure("mfu_peak_memory_gib", gib(peak_allocated(device)))
+    smoke.figure(f"{tag}_update_s", round(median, 4))
+    smoke.figure(f"{tag}_achieved_tflops", round(achieved, 3))
+    smoke.figure(f"{tag}_peak_memory_gib", gib(peak_allocated(device)))
     peak = peak_tflops(args, device)
-    smoke.figure("mfu_peak_tflops", peak)
+    smoke.figure(f"{tag}_peak_tflops", peak)
     if peak:
-        # Gradient checkpointing recomputes every forward: the hardware does 8/6 of this.
-        smoke.figure("mfu", round(achieved / peak, 4))
-        smoke.figure("hfu_with_recompute", round(achieved / peak * 8 / 6, 4))
+        smoke.figure(tag, round(achieved / peak, 4))
+        if checkpointing:
+            # Gradient checkpointing recomputes every forward: the hardware does 8/6 of this.
+            smoke.figure("hfu_with_recompute", round(achieved / peak * 8 / 6, 4))
     else:
         smoke.log("  unknown bf16 peak for this device: pass --peak-tflops for the MFU")
+    if args.mfu_profile and checkpointing and smoke.left_s() > 2 * warmup_s + 10:
+        profile_update(smoke, args.out / "mfu_profile.txt", lambda: trainer.update(batch))
+
+
+def profile_update(smoke: Smoke, path: Path, update: Callable[[], Any]) -> None:
+    """One update under torch.profiler: where the device time goes, by kernel and by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        update()
+        if cuda:
+            torch.cuda.synchronize()
+    averages = prof.key_averages()
+    by_device = averages.table(sort_by="self_device_time_total", row_limit=40)
+    by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=20)
+    path.write_text(f"by self device time\n{by_device}\n\nby self CPU time\n{by_cpu}\n")
+    smoke.log(f"  profile written to {path}")
+    for line in by_device.splitlines()[:18]:
+        smoke.log("  " + line[:160])
 
 
 # --- main ----------------------------------------------------------------------------------
@@ -383,6 +416,11 @@ def run(smoke: Smoke, args: argparse.Namespace, device: torch.device, tmp: Path)
     smoke.figure("ledger_records", len(ledger.rows))
     smoke.figure("device_memory_end", device_info(device))
     smoke.section("mfu", 60, measure_mfu, smoke, args, mesh, device, dtype)
+    if args.mfu_profile:
+        no_checkpointing = functools.partial(measure_mfu, checkpointing=False)
+        smoke.section(
+            "mfu_no_checkpointing", 60, no_checkpointing, smoke, args, mesh, device, dtype
+        )
 
 
 def main() -> int:

@@ -118,7 +118,10 @@ def test_the_correction_reaches_the_workers_as_a_derived_value() -> None:
     ("override", "instead"),
     [
         ("+trainer.placement=split", r"trainer\.placement was replaced: set trainer\.mode="),
-        ("+fully_async.enable=true", r"fully_async\.enable was replaced: set trainer\.mode=fully_async"),
+        (
+            "+fully_async.enable=true",
+            r"fully_async\.enable was replaced: set trainer\.mode=fully_async",
+        ),
     ],
 )
 def test_the_keys_trainer_mode_replaced_are_named(override: str, instead: str) -> None:
