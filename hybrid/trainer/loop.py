@@ -192,7 +192,7 @@ class Driver:
 
     def train_one_step(self) -> dict[str, float]:
         """The source's batches for this step, each scored and trained on under the version
-        the actor holds now (step - 1); one metrics dict."""
+        the actor last published (step - 1); one metrics dict."""
         snapshot = self.step == self.config.trainer.memory_snapshot_step
         if snapshot:
             self.actor.start_memory_history()
@@ -200,7 +200,9 @@ class Driver:
         trained_on = self.step - 1
         results: list[StepResult] = []
         for rollout in self.source.batches(self.step):
-            results.append(self.train(rollout, self.step, trained_on, self.source.lag_bound))
+            # After the first update the actor no longer holds version `trained_on`.
+            moved = bool(results)
+            results.append(self.train(rollout, self.step, trained_on, self.source.lag_bound, moved))
             self.source.trained(results[-1], trained_on)
         step_s = time.perf_counter() - started
         if snapshot:

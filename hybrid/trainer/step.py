@@ -7,8 +7,12 @@ algorithm.adv_estimator. Update: the critic, then the mini-batched actor update 
 trainer.critic_warmup steps), on rows balanced across the training workers.
 
 Every token carries the weight version that sampled it; `trained_on` is the version the actor
-holds. Colocated samples all lag 0; split and fully-async samples may lag up to the source's
-bound, and a lag beyond it means the schedule broke. The metrics dict has the same keys in
+last published. Colocated samples all lag 0; split and fully-async samples may lag up to the
+source's bound, and a lag beyond it means the schedule broke. Tokens of version `trained_on` are
+*fresh* (the actor must give them the engine's log-probs: the sync check) only while the actor
+still holds exactly those weights: in the first update after a publish, not in the later ones of
+a step that trains several batches under one version (fully_async's
+trigger_parameter_sync_step > 1). The metrics dict has the same keys in
 every mode (STEP_KEYS, tested), so a dashboard reads every run alike.
 """
 
@@ -104,9 +108,12 @@ class TrainStep:
         self.rewards = rewards
         self.kl_ctrl = kl_ctrl
 
-    def __call__(self, rollout: Batch, step: int, trained_on: int, lag_bound: int) -> StepResult:
-        """Score `rollout` and update on it. `trained_on`: the version the actor holds;
-        `lag_bound`: the most versions a token may lag (0 colocated)."""
+    def __call__(
+        self, rollout: Batch, step: int, trained_on: int, lag_bound: int, actor_moved: bool = False
+    ) -> StepResult:
+        """Score `rollout` and update on it. `trained_on`: the version the actor last published;
+        `lag_bound`: the most versions a token may lag (0 colocated); `actor_moved`: the actor
+        has updated since that publish (no token is fresh then)."""
         c = self.config
         mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
         lag = version_lag(versions, mask, trained_on)[mask.bool()]
@@ -117,6 +124,8 @@ class TrainStep:
             )
         # Tokens sampled by the weights the actor holds: their log-probs must match its own.
         fresh = mask * (versions == trained_on)
+        if actor_moved:
+            fresh = torch.zeros_like(fresh)
         if c.on_policy_update:  # the update's own first pass checks them
             rollout = rollout.union(Batch.from_dict({"fresh_mask": fresh}))
         rollout, metrics = self.score(rollout)
@@ -252,11 +261,15 @@ def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
     """One train step's metrics from its updates (fully_async may take several per step, each
     of the same number of rows): sums for counts and seconds, maxima for maxima, means for the
     rest, each over the updates that report the key (a worker records a publish only in the
-    update after it)."""
+    update after it); a mean over counted items is weighted by its count (WEIGHTED_BY)."""
     merged: dict[str, float] = {}
     for key in dict.fromkeys(key for part in parts for key in part):
         values = [part[key] for part in parts if key in part]
-        if key.endswith("_max") or key.endswith("/max"):
+        weight_key = WEIGHTED_BY.get(key)
+        weights = [part.get(weight_key, 0.0) for part in parts if key in part] if weight_key else []
+        if sum(weights) > 0:
+            merged[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+        elif key.endswith("_max") or key.endswith("/max"):
             merged[key] = max(values)
         elif key.startswith("timing_s/") or key in SUMMED:
             merged[key] = sum(values)
@@ -266,3 +279,5 @@ def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
 
 
 SUMMED = frozenset({"perf/tokens", "rollout/fresh_tokens", "actor/masked_stale_tokens"})
+WEIGHTED_BY = {"rollout/logprob_diff_mean": "rollout/fresh_tokens"}
+"""Means over a counted subset: an update with none of it (0 fresh tokens) adds nothing."""

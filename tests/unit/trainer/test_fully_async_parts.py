@@ -46,3 +46,19 @@ def test_a_key_only_some_updates_report_is_merged_over_those() -> None:
         {"memory/peak_gib": 3.0},
     ]
     assert merge_updates(parts) == {"timing_s/publish": 0.4, "memory/peak_gib": 2.0}
+
+
+def test_the_log_prob_gap_is_averaged_over_fresh_tokens_only() -> None:
+    """An update after the actor moved has no fresh tokens: its zero gap must not dilute the
+    step's mean; the maximum is the largest over the updates."""
+    parts = [
+        {"rollout/fresh_tokens": 30.0, "rollout/logprob_diff_mean": 0.02, "rollout/logprob_diff_max": 0.04},
+        {"rollout/fresh_tokens": 0.0, "rollout/logprob_diff_mean": 0.0, "rollout/logprob_diff_max": 0.0},
+        {"rollout/fresh_tokens": 10.0, "rollout/logprob_diff_mean": 0.06, "rollout/logprob_diff_max": 0.09},
+    ]  # fmt: skip
+    merged = merge_updates(parts)
+    assert merged["rollout/logprob_diff_mean"] == pytest.approx((30 * 0.02 + 10 * 0.06) / 40)
+    assert merged["rollout/logprob_diff_max"] == 0.09
+    assert merged["rollout/fresh_tokens"] == 40.0
+    none_fresh = [dict(part, **{"rollout/fresh_tokens": 0.0}) for part in parts]
+    assert merge_updates(none_fresh)["rollout/logprob_diff_mean"] == pytest.approx(0.08 / 3)
