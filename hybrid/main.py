@@ -12,11 +12,16 @@ vLLM, Ray and library logs go to <output_dir>/logs/ unless trainer.verbose=true
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
+from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig
 
+from hybrid.rewards.manager import RewardError
 from hybrid.trainer.compose import CONFIG_DIR as CONFIG_PATH
 from hybrid.trainer.compose import register_schema, to_run_config
 from hybrid.trainer.config import TrainerRunConfig
@@ -42,14 +47,40 @@ CONFIG_DIR = str(CONFIG_PATH)
 register_schema()
 
 
+INPUT_ERRORS = (ValueError, FileNotFoundError)
+"""What validating the config and reading the model, data and reward files raise on bad input:
+the message names the field, file or row."""
+
+
+def stop(error: BaseException, out: str | None, code: int) -> NoReturn:
+    """One line a user reads instead of a traceback; the traceback goes to the run's logs."""
+    where = ""
+    if out is not None:
+        path = Path(out) / "logs" / "error.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(error)))
+        where = f" (traceback: {path})"
+    print(f"hybrid: {error}{where}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    config = build_config(cfg)
+    try:
+        config = build_config(cfg)
+    except INPUT_ERRORS as error:
+        stop(error, None, 2)
     out, verbose = config.trainer.output_dir, config.trainer.verbose
     configure_logging(verbose, run_log_dir(out, verbose))
     started = time.monotonic()
-    driver = Driver(config)  # every trainer.mode: hybrid/trainer/loop.py
-    final = driver.fit()
+    try:
+        driver = Driver(config)  # every trainer.mode: hybrid/trainer/loop.py
+    except INPUT_ERRORS as error:  # the tokenizer, the data rows, the reward file
+        stop(error, out, 2)
+    try:
+        final = driver.fit()
+    except RewardError as error:  # reward.on_error=fail: the row is named
+        stop(error, out, 1)
     print_lines(final_summary(driver.reward_history, time.monotonic() - started, final, out))
 
 

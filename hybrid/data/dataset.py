@@ -47,7 +47,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist")
     if path.suffix == ".parquet":
-        return pq.read_table(path).to_pylist()
+        _check_parquet(path)
+        try:
+            return pq.read_table(path).to_pylist()
+        except pa.ArrowException as e:
+            raise ValueError(f"{path}: not a readable parquet file: {e}") from e
     rows = []
     with path.open(encoding="utf-8") as f:
         for line_number, line in enumerate(f, start=1):
@@ -63,6 +67,27 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
                 )
             rows.append(row)
     return rows
+
+
+PARQUET_MAGIC = b"PAR1"
+"""A parquet file begins and ends with these four bytes."""
+
+
+def _check_parquet(path: Path) -> None:
+    """A file named .parquet that is not one (a CSV renamed, say) is named with what it looks
+    like, not left to pyarrow's error."""
+    with path.open("rb") as f:
+        head = f.read(64)
+        f.seek(max(0, path.stat().st_size - 4))
+        tail = f.read(4)
+    if head[:4] == PARQUET_MAGIC and tail == PARQUET_MAGIC:
+        return
+    text = head.decode("utf-8", errors="replace").splitlines()[0] if head else ""
+    looks = f"its first line is {text[:60]!r}" if head else "it is empty"
+    raise ValueError(
+        f"{path} is named .parquet but is not a parquet file ({looks}); prompt files are "
+        f"parquet or jsonl (one JSON object per line, named .jsonl)"
+    )
 
 
 def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:

@@ -1,102 +1,180 @@
 """`RewardManager`: one scalar reward per row of a `Batch`, plus `reward/` metrics.
 
 Reads the non-tensor columns `response_text`, `data_source`, `ground_truth` and, if present,
-`extra_info`. A row whose reward function raises (or returns a non-finite or non-numeric
-score) scores 0.0 and the run goes on; such rows are counted in `reward/errors`, and the first
-traceback of each `score` call is logged once, naming the row and its data_source.
+`extra_info` and `uid`. Each row is one call of the reward function: in a `RewardPool` of
+worker processes under a per-call deadline (`num_workers >= 1`, the trainer's default), or
+inline on the calling thread with no deadline (`num_workers=0`). `submit` starts scoring and
+returns at once, so the caller overlaps it with other work (the trainer: the workers' passes).
+
+A row fails when its call times out, raises, returns NaN or inf, or returns something that is
+neither a number nor a dict with a numeric 'score' (ERROR_KINDS). `on_error` says what then:
+- `fail` (the default): `RewardError` naming the first failed row (index, uid, data_source),
+  the kind, the error and how many rows failed.
+- `score`: the row scores `error_score`; `reward/errors` counts the step's failed rows and
+  `reward/errors/<kind>` each kind; the first failure's message is logged. A batch whose every
+  row failed still raises: training on nothing but error scores is no run.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import os
+import traceback
 from collections import defaultdict
-from numbers import Real
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import get_args
 
 import torch
 
 from hybrid.data import Batch
+from hybrid.rewards.outcome import ERROR_KINDS, OnError, Outcome, checked_outcome
+from hybrid.rewards.pool import RewardPool
 from hybrid.rewards.registry import RewardFn, compute_score
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("response_text", "data_source", "ground_truth")
+ON_ERROR_CHOICES = get_args(OnError)
+
+
+class RewardError(RuntimeError):
+    """A reward call failed and `reward.on_error` says to stop (or every row failed)."""
+
+
+def default_pool_size() -> int:
+    """The cores this process may run on, at least 2 (a reward call often waits rather than
+    computes: a sandbox, a judge) and at most 8."""
+    return max(2, min(8, len(os.sched_getaffinity(0))))
 
 
 class RewardManager:
     """Scores batches with `reward_fn` (verl's compute_score signature; built-ins by default)."""
 
-    def __init__(self, reward_fn: RewardFn | None = None) -> None:
+    def __init__(
+        self,
+        reward_fn: RewardFn | None = None,
+        *,
+        num_workers: int = 0,
+        timeout_s: float = 60.0,
+        on_error: OnError = "fail",
+        error_score: float = 0.0,
+    ) -> None:
+        if on_error not in ON_ERROR_CHOICES:
+            raise ValueError(f"reward.on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
+        if num_workers < 0:
+            raise ValueError(f"reward.num_workers must be >= 0 (0: inline), got {num_workers}")
         self.reward_fn: RewardFn = compute_score if reward_fn is None else reward_fn
+        self.on_error, self.error_score = on_error, error_score
+        self.pool = RewardPool(self.reward_fn, num_workers, timeout_s) if num_workers else None
+        self._runner = ThreadPoolExecutor(1, thread_name_prefix="rewards")
+
+    def submit(self, batch: Batch) -> Future[tuple[torch.Tensor, dict[str, float]]]:
+        """Start scoring `batch`; the future gives `score`'s result (or raises its error)."""
+        calls = _calls(batch)  # missing columns fail here, on the caller's thread
+        return self._runner.submit(self._score_calls, batch, calls)
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Returns (scores (batch,) float32, metrics with reward/mean, max, min, errors, ...)."""
-        missing = [key for key in REQUIRED_COLUMNS if key not in batch.non_tensors]
-        if missing:
-            raise KeyError(
-                f"reward needs non-tensor columns {missing}; "
-                f"batch has tensors {list(batch.tensors)} and non-tensors {list(batch.non_tensors)}"
-            )
-        columns = batch.non_tensors
-        extra_infos = columns.get("extra_info")
-        values = [0.0] * len(batch)
+        """Returns (scores (batch,) float32, metrics: reward/mean, max, min, errors, errors/<kind>
+        and the mean of each extra numeric key the function's dicts carry)."""
+        return self.submit(batch).result()
+
+    def close(self) -> None:
+        """Stop scoring (a batch still in the pool is abandoned) and end the processes."""
+        if self.pool is not None:
+            self.pool.cancel()
+        self._runner.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.close()
+
+    def _score_calls(
+        self, batch: Batch, calls: list[tuple]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.pool is not None:
+            outcomes = self.pool.map(calls)
+        else:
+            outcomes = [_call_inline(self.reward_fn, args) for args in calls]
+        failed = [row for row, outcome in enumerate(outcomes) if outcome[0] != "ok"]
+        if failed:
+            self._handle_failures(batch, outcomes, failed)
+        values = [o[1] if o[0] == "ok" else self.error_score for o in outcomes]
         extras: defaultdict[str, list[float]] = defaultdict(list)
-        num_errors = 0
-        for row in range(len(batch)):
-            data_source = str(columns["data_source"][row])
-            try:
-                result = self.reward_fn(
-                    data_source,
-                    str(columns["response_text"][row]),
-                    columns["ground_truth"][row],
-                    None if extra_infos is None else extra_infos[row],
-                )
-                values[row] = _scalar(result)
-            except Exception:
-                if num_errors == 0:
-                    logger.error(
-                        "reward function raised on row %d (data_source=%r); the row scores 0.0 "
-                        "and the rest of the batch is still scored (see reward/errors)",
-                        row,
-                        data_source,
-                        exc_info=True,
-                    )
-                num_errors += 1
-                continue
-            if isinstance(result, dict):
-                for key, value in result.items():
-                    if key != "score" and isinstance(value, Real):
-                        extras[key].append(float(value))
+        for *_, row_extras in outcomes:
+            for key, value in row_extras.items():
+                extras[key].append(value)
         scores = torch.tensor(values, dtype=torch.float32)  # (batch,)
         metrics = {f"reward/{key}": sum(vs) / len(vs) for key, vs in extras.items()}
-        metrics.update(_summary(scores, num_errors))  # a dict key "mean" cannot mask reward/mean
+        metrics.update(_summary(scores))  # a dict key "mean" cannot mask reward/mean
+        kinds = [outcomes[row][0] for row in failed]
+        metrics["reward/errors"] = float(len(failed))
+        metrics.update({f"reward/errors/{kind}": float(kinds.count(kind)) for kind in ERROR_KINDS})
         return scores, metrics
 
-
-def _scalar(result: float | dict[str, Any]) -> float:
-    if isinstance(result, dict):
-        if "score" not in result:
-            raise KeyError(f"reward dict has no 'score' key; keys: {sorted(result)}")
-        result = result["score"]
-    if not isinstance(result, Real):
-        raise TypeError(
-            f"reward must be a number or a dict with 'score', got {type(result).__name__}"
+    def _handle_failures(self, batch: Batch, outcomes: list[Outcome], failed: list[int]) -> None:
+        first = failed[0]
+        kind, message = outcomes[first][0], str(outcomes[first][1])
+        headline = message.splitlines()[0] if message else kind
+        where = _row_name(batch, first)
+        count = f"{len(failed)} of {len(outcomes)} rows failed"
+        if self.on_error == "fail":
+            raise RewardError(
+                f"reward of {where}: {kind}: {headline} ({count}). reward.on_error=fail stops "
+                f"the run; reward.on_error=score gives such rows reward.error_score "
+                f"({self.error_score:g}) and counts them in reward/errors"
+            )
+        if len(failed) == len(outcomes):
+            raise RewardError(
+                f"every reward of the batch failed ({count}); the first, {where}: {kind}: "
+                f"{headline}. Fix the reward function: a step of nothing but error scores "
+                f"trains on nothing"
+            )
+        logger.error(
+            "reward of %s: %s: %s; it scores %g (reward.on_error=score; %s, see reward/errors)",
+            where,
+            kind,
+            message,
+            self.error_score,
+            count,
         )
-    value = float(result)
-    if not math.isfinite(value):
-        raise ValueError(f"reward is not finite: {value}")
-    return value
 
 
-def _summary(scores: torch.Tensor, num_errors: int) -> dict[str, float]:
+def _calls(batch: Batch) -> list[tuple]:
+    missing = [key for key in REQUIRED_COLUMNS if key not in batch.non_tensors]
+    if missing:
+        raise KeyError(
+            f"reward needs non-tensor columns {missing}; "
+            f"batch has tensors {list(batch.tensors)} and non-tensors {list(batch.non_tensors)}"
+        )
+    columns = batch.non_tensors
+    extra_infos = columns.get("extra_info")
+    return [
+        (
+            str(columns["data_source"][row]),
+            str(columns["response_text"][row]),
+            columns["ground_truth"][row],
+            None if extra_infos is None else extra_infos[row],
+        )
+        for row in range(len(batch))
+    ]
+
+
+def _call_inline(fn: RewardFn, args: tuple) -> Outcome:
+    try:
+        return checked_outcome(fn(*args))
+    except Exception as error:  # the user's code: every error becomes the row's outcome
+        return ("exception", f"{type(error).__name__}: {error}\n{traceback.format_exc()}", {})
+
+
+def _row_name(batch: Batch, row: int) -> str:
+    columns = batch.non_tensors
+    uid = f", uid {columns['uid'][row]}" if "uid" in columns else ""
+    return f"row {row}{uid} (data_source {str(columns['data_source'][row])!r})"
+
+
+def _summary(scores: torch.Tensor) -> dict[str, float]:
     if scores.numel() == 0:
-        stats = {"mean": math.nan, "max": math.nan, "min": math.nan}
-    else:
-        stats = {
-            "mean": scores.mean().item(),
-            "max": scores.max().item(),
-            "min": scores.min().item(),
-        }
-    stats["errors"] = float(num_errors)
-    return {f"reward/{key}": value for key, value in stats.items()}
+        return {"reward/mean": float("nan"), "reward/max": float("nan"), "reward/min": float("nan")}
+    return {
+        "reward/mean": scores.mean().item(),
+        "reward/max": scores.max().item(),
+        "reward/min": scores.min().item(),
+    }

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hybrid.rewards import arithmetic, countdown, gsm8k, math_reward
+from hybrid.rewards import arithmetic, code, countdown, gsm8k, math_reward
 
 RewardFn = Callable[[str, str, Any, dict[str, Any] | None], float | dict[str, Any]]
 """compute_score(data_source, solution_str, ground_truth, extra_info) -> float | {"score": ...}"""
 
-BUILTIN_REWARDS: Mapping[str, Callable[[str, Any], float]] = {
+BUILTIN_REWARDS: Mapping[str, Callable[..., float | dict[str, Any]]] = {
     "openai/gsm8k": gsm8k.compute_score,
     "gsm8k": gsm8k.compute_score,
     "math": math_reward.compute_score,
@@ -27,8 +27,10 @@ BUILTIN_REWARDS: Mapping[str, Callable[[str, Any], float]] = {
     "DigitalLearningGmbH/MATH-lighteval": math_reward.compute_score,
     "countdown": countdown.compute_score,
     "arithmetic": arithmetic.compute_score,
+    "code": code.compute_score,
 }
-"""data_source -> the built-in scorer, called as fn(solution_str, ground_truth)."""
+"""data_source -> the built-in scorer, called as fn(solution_str, ground_truth); `code` also
+takes the row's extra_info (its per-row sandbox limits)."""
 
 
 def compute_score(
@@ -40,7 +42,8 @@ def compute_score(
     """Score one response with the built-in reward for `data_source`.
 
     `ground_truth` is a string for most tasks; countdown takes a dict (or JSON string) with
-    "target" and "numbers". `extra_info` is accepted for signature parity and unused here.
+    "target" and "numbers"; code a JSON object of tests (hybrid/rewards/code.py). `extra_info`
+    reaches only the code reward (extra_info["sandbox"]: that row's sandbox limits).
     """
     fn = BUILTIN_REWARDS.get(str(data_source))
     if fn is None:
@@ -49,6 +52,8 @@ def compute_score(
             "For another dataset, configure a custom reward function (a Python file defining "
             "compute_score(data_source, solution_str, ground_truth, extra_info))."
         )
+    if fn is code.compute_score:
+        return code.compute_score(solution_str, ground_truth, extra_info)
     return fn(solution_str, ground_truth)
 
 

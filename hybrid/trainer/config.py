@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.synchronizer.policy import SyncPolicy
@@ -196,6 +197,30 @@ class RewardConfig:
     """A Python file with a `compute_score(data_source, solution_str, ground_truth, extra_info)`."""
     custom_name: str = "compute_score"
     """The function's name in that file."""
+    num_workers: int | None = None
+    """Processes that score rows, each call under `timeout_s` (docs/configuration.md, Rewards).
+    None: the cores this machine gives the driver, 2 to 8; 0: inline on the driver, no
+    deadline."""
+    timeout_s: float = 60.0
+    """Deadline of one reward call: past it the call's process is killed and the row fails."""
+    on_error: OnRewardError = "fail"
+    """What a row whose call timed out, raised, or returned NaN/inf or no number does. fail:
+    the run stops naming the row, its data_source and the error. score: the row scores
+    `error_score` and reward/errors counts it (reward/errors/<kind> by kind); a batch whose
+    every row failed stops the run anyway."""
+    error_score: float = 0.0
+    """The score of a failed row with on_error=score."""
+
+    def __post_init__(self) -> None:
+        check_choice("reward", "on_error", self.on_error, get_args(OnRewardError))
+        if not self.timeout_s > 0:  # also NaN
+            raise ValueError(
+                f"reward.timeout_s must be a positive number of seconds, got {self.timeout_s}"
+            )
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ValueError(
+                f"reward.num_workers must be >= 0 (0: inline on the driver), got {self.num_workers}"
+            )
 
 
 @dataclass(frozen=True)
@@ -532,6 +557,7 @@ class TrainerRunConfig:
                 "model.path is not set: pass model.path=DIR, a Hugging Face model directory "
                 "(the examples/run_*.sh scripts set it)"
             )
+        check_model_dir("model.path", self.model.path)
         for name in ("train_files", "val_files"):
             for path in getattr(self.data, name):
                 if not Path(path).exists():
@@ -604,4 +630,29 @@ class TrainerRunConfig:
             sync=self.sync,
             critic=critic,
             derived=self.worker_spec(),
+        )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""A Hugging Face model directory holds at least one of these for its tokenizer."""
+
+
+def check_model_dir(field_name: str, path: str) -> None:
+    """A local model directory has the files a run loads from it (a path that is no local
+    directory may be a Hub id, left to transformers)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        if directory.is_absolute() or path.startswith("."):
+            raise ValueError(f"{field_name}: {path} does not exist")
+        return
+    if not (directory / "config.json").is_file():
+        listed = sorted(p.name for p in directory.iterdir())[:8]
+        raise ValueError(
+            f"{field_name}: {path} has no config.json, so it is no Hugging Face model directory "
+            f"(it holds {listed or 'nothing'})"
+        )
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{field_name}: {path} has no tokenizer files (one of {list(TOKENIZER_FILES)}); "
+            f"save the tokenizer beside the model"
         )

@@ -82,7 +82,7 @@ def eta_seconds(steps_done: int, elapsed_s: float, steps_left: int) -> float:
 LINE_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("reward/mean", "reward", 0),
     ("val/reward_mean", "val", 0),
-    ("reward/errors", "reward_errors", 0),  # rows the reward function raised on (scored 0)
+    ("reward/errors", "reward_errors", 0),  # failed reward rows (reward.on_error=score)
     ("actor/pg_loss", "loss", 2),
     ("actor/kl_loss", "kl", 5),
     ("actor/entropy", "ent", 6),

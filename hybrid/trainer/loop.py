@@ -26,7 +26,7 @@ from hybrid.algorithms.kl_control import KLController, make_kl_controller
 from hybrid.data import PromptDataset, PromptLoader
 from hybrid.memory.records import write_records
 from hybrid.models import load_tokenizer
-from hybrid.rewards.manager import RewardManager
+from hybrid.rewards.manager import RewardManager, default_pool_size
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.synchronizer.actor import SynchronizerActor
 from hybrid.trainer import placement
@@ -104,7 +104,14 @@ class Driver:
         )
         if custom is None:
             check_data_sources(self.train_data, self.val_data)
-        self.rewards = RewardManager(custom)
+        r = c.reward
+        self.rewards = RewardManager(
+            custom,
+            num_workers=default_pool_size() if r.num_workers is None else r.num_workers,
+            timeout_s=r.timeout_s,
+            on_error=r.on_error,
+            error_score=r.error_score,
+        )
         if c.use_critic:
             check_critic_model(c.critic.model.path or c.model.path, c.model.path)
         a = c.algorithm
@@ -137,9 +144,11 @@ class Driver:
             self.export()
         except BaseException:
             sinks.close()
+            self.rewards.close()
             self.workers.stop(after_failure=True)
             raise
         sinks.close()
+        self.rewards.close()
         self.workers.stop()
         return metrics
 

@@ -174,15 +174,16 @@ class TrainStep:
     # --- scoring ----------------------------------------------------------------------------
 
     def score(self, rollout: Batch) -> tuple[Batch, dict[str, float]]:
-        """The workers' passes (submitted first) overlap the driver's rewards."""
+        """The rewards (in the reward processes) overlap the workers' passes."""
         c, m = self.config, self.members
         started = time.perf_counter()
+        rewards = self.rewards.submit(rollout)
         futures = [
             m.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
             None if c.on_policy_update else m.actor.compute_log_prob.submit(rollout),
             m.critic.compute_values.submit(rollout) if m.critic is not None else None,
         ]
-        scores, metrics = self.rewards.score(rollout)
+        scores, metrics = rewards.result()
         metrics["timing_s/reward"] = time.perf_counter() - started
         for future in futures:
             if future is not None:

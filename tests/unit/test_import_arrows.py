@@ -39,6 +39,25 @@ FORBIDDEN = {
     },
     # The doctor runs the planner; the planner never asks the doctor.
     "planner": {"doctor"},
+    # The sandbox runs untrusted programs for rewards and tools: it knows none of the trainer.
+    "sandbox": {
+        "workers",
+        "trainer",
+        "controller",
+        "sharding",
+        "rollout",
+        "models",
+        "explorer",
+        "synchronizer",
+        "buffer",
+        "transport",
+        "algorithms",
+        "data",
+        "rewards",
+        "memory",
+        "planner",
+        "doctor",
+    },
     # The decoupled modes' seams (docs/architecture.md, "Import arrows").
     "transport": {
         "workers",

@@ -17,7 +17,7 @@ import pytest
 from hybrid.trainer.checkpoints import complete_checkpoints
 from hybrid.trainer.demo_assets import DEMO_MODEL_PATH, DEMO_TRAIN_FILE, DEMO_VAL_FILE
 from tests.conftest import REPO_ROOT
-from tests.integration.trainer.helpers import child_env, read_metrics
+from tests.integration.trainer.helpers import child_env, read_metrics, write_assets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -79,3 +79,42 @@ def test_the_console_script_finds_its_configs_from_any_directory(tmp_path: Path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "max_checkpoints_to_keep: 2" in done.stdout
     assert not (tmp_path / "outputs").exists()  # --cfg prints the config and runs nothing
+
+
+def run_entry_point(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = child_env()
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid.main", *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_bad_input_a_new_user_tries_is_one_line_without_a_traceback(tmp_path: Path) -> None:
+    """An empty model directory and a CSV file named .parquet: exit code 2 and one line on
+    stderr naming the field or the file; the traceback goes to the run's logs."""
+    empty_model = tmp_path / "empty_model"
+    empty_model.mkdir()
+    model = write_assets(tmp_path / "assets") / "model"
+    fake = tmp_path / "train.parquet"
+    fake.write_text("question,answer\n1+1,2\n")
+    cases = [
+        ((f"model.path={empty_model}",), "hybrid: model.path: ", "has no config.json", False),
+        (
+            (f"model.path={model}", f"data.train_files=[{fake}]", "data.val_files=[]"),
+            f"hybrid: {fake} is named .parquet but is not a parquet file",
+            "its first line is 'question,answer'",
+            True,
+        ),
+    ]
+    for overrides, start, detail, logged in cases:
+        done = run_entry_point(tmp_path, *overrides, "trainer.output_dir=run")
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert lines and lines[-1].startswith(start) and detail in lines[-1], done.stderr[-3000:]
+        assert "Traceback" not in done.stderr and "HYDRA_FULL_ERROR" not in done.stderr
+        assert (tmp_path / "run" / "logs" / "error.txt").is_file() == logged

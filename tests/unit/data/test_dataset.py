@@ -312,3 +312,23 @@ def test_characters_the_vocabulary_cannot_encode_are_refused(tmp_path: Path) -> 
         ValueError, match=r"minus\.jsonl: row 0: field 'prompt' has characters .*\['-'\]"
     ):
         PromptDataset(path, load_tokenizer(model_dir), max_prompt_length=32)
+
+
+def test_a_csv_named_parquet_is_named_with_its_first_line(tmp_path: Path) -> None:
+    fake = tmp_path / "train.parquet"
+    fake.write_text("question,answer\n1+1,2\n")
+    with pytest.raises(
+        ValueError, match=r"train\.parquet is named \.parquet but is not a parquet"
+    ) as info:
+        read_rows(fake)
+    assert "'question,answer'" in str(info.value)
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="it is empty"):
+        read_rows(empty)
+    # A real parquet file whose end was cut off: named too, not left to pyarrow's traceback.
+    whole = write_rows([{"prompt": "a"}], tmp_path / "whole.parquet")
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"cut\.parquet is named \.parquet but is not"):
+        read_rows(cut)

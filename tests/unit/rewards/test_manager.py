@@ -8,6 +8,7 @@ import torch
 
 from hybrid.data import Batch
 from hybrid.rewards import RewardManager
+from hybrid.rewards.manager import RewardError
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +35,9 @@ def test_builtin_rewards_by_data_source() -> None:
     assert metrics["reward/errors"] == 0.0
 
 
-def test_a_raising_row_scores_zero_and_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_with_on_error_score_a_raising_row_scores_zero_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def flaky(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
         if solution_str == "boom":
             raise RuntimeError("parser exploded")
@@ -42,25 +45,56 @@ def test_a_raising_row_scores_zero_and_is_logged_once(caplog: pytest.LogCaptureF
 
     batch = make_batch(["a", "boom", "c", "x"], ["a", "b", "c", "d"], ["s0", "s1", "s2", "s3"])
     with caplog.at_level(logging.ERROR, logger="hybrid.rewards.manager"):
-        scores, metrics = RewardManager(flaky).score(batch)
+        scores, metrics = RewardManager(flaky, on_error="score").score(batch)
     assert scores.tolist() == [1.0, 0.0, 1.0, 0.0]
     assert metrics["reward/errors"] == 1.0
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert "row 1" in errors[0].getMessage() and "'s1'" in errors[0].getMessage()
-    assert errors[0].exc_info is not None and "parser exploded" in caplog.text
+    assert "Traceback" in caplog.text and "parser exploded" in caplog.text
 
 
-def test_only_the_first_failure_logs_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+def test_only_the_first_failure_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    def mostly_broken(data_source: str, *args: Any) -> float:
+        if data_source == "good":
+            return 1.0
+        raise ValueError("always")
+
+    batch = make_batch(["a", "b", "c", "d"], ["a", "b", "c", "d"], ["s", "s", "s", "good"])
+    with caplog.at_level(logging.ERROR, logger="hybrid.rewards.manager"):
+        scores, metrics = RewardManager(mostly_broken, on_error="score", error_score=-1).score(
+            batch
+        )
+    assert scores.tolist() == [-1.0, -1.0, -1.0, 1.0]
+    assert metrics["reward/errors"] == 3.0 and metrics["reward/errors/exception"] == 3.0
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+    assert "3 of 4 rows failed" in caplog.text
+
+
+def test_every_row_failing_stops_the_run_even_when_errors_score() -> None:
     def broken(*args: Any) -> float:
         raise ValueError("always")
 
-    batch = make_batch(["a", "b", "c"], ["a", "b", "c"], ["s", "s", "s"])
-    with caplog.at_level(logging.ERROR, logger="hybrid.rewards.manager"):
-        scores, metrics = RewardManager(broken).score(batch)
-    assert scores.tolist() == [0.0, 0.0, 0.0]
-    assert metrics["reward/errors"] == 3.0
-    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+    batch = make_batch(["a", "b"], ["a", "b"], ["s", "s"])
+    with pytest.raises(RewardError, match=r"every reward of the batch failed \(2 of 2 rows"):
+        RewardManager(broken, on_error="score").score(batch)
+
+
+def test_fail_names_the_row_its_uid_data_source_and_error() -> None:
+    def flaky(data_source: str, solution_str: str, *args: Any) -> float:
+        if solution_str == "boom":
+            raise RuntimeError("parser exploded")
+        return 1.0
+
+    batch = make_batch(
+        ["a", "boom", "boom"], ["a", "b", "c"], ["s0", "s1", "s2"], uid=["u0", "u1", "u2"]
+    )
+    with pytest.raises(RewardError) as info:
+        RewardManager(flaky).score(batch)
+    message = str(info.value)
+    assert "row 1, uid u1 (data_source 's1'): exception: RuntimeError: parser exploded" in message
+    assert "2 of 3 rows failed" in message and "reward.on_error=score" in message
+    assert "\n" not in message  # one line; the traceback is not in it
 
 
 def test_dict_results_and_extra_info() -> None:
@@ -81,9 +115,8 @@ def test_dict_results_and_extra_info() -> None:
 @pytest.mark.parametrize("bad", [{"acc": 1.0}, "1.0", float("nan"), None])
 def test_bad_return_values_count_as_errors(bad: Any) -> None:
     batch = make_batch(["a"], ["a"], ["s"])
-    scores, metrics = RewardManager(lambda *args: bad).score(batch)
-    assert scores.tolist() == [0.0]
-    assert metrics["reward/errors"] == 1.0
+    with pytest.raises(RewardError, match=r"row 0 \(data_source 's'\)"):
+        RewardManager(lambda *args: bad).score(batch)
 
 
 def test_missing_column_names_it_and_the_present_ones() -> None:
@@ -95,6 +128,7 @@ def test_missing_column_names_it_and_the_present_ones() -> None:
 
 def test_unknown_data_source_counts_as_an_error_row() -> None:
     batch = make_batch(["#### 1", "#### 1"], ["1", "1"], ["gsm8k", "unknown/set"])
-    scores, metrics = RewardManager().score(batch)
+    scores, metrics = RewardManager(on_error="score").score(batch)
     assert scores.tolist() == [1.0, 0.0]
     assert metrics["reward/errors"] == 1.0
+    assert metrics["reward/errors/exception"] == 1.0

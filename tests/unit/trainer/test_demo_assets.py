@@ -71,7 +71,10 @@ def test_a_fresh_directory_gets_the_demo_assets_of_the_script(
 
 def test_only_the_missing_split_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    Path(DEMO_MODEL_PATH).mkdir(parents=True)  # someone's own model under the default path
+    own_model = Path(DEMO_MODEL_PATH)  # someone's own model under the default path
+    own_model.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json"):
+        (own_model / name).write_text("{}")
     Path(DEMO_TRAIN_FILE).parent.mkdir(parents=True)
     Path(DEMO_TRAIN_FILE).write_bytes(b"mine")
     config = default_config("data.val_files=[]", "trainer.val_before_train=false")
@@ -79,7 +82,7 @@ def test_only_the_missing_split_is_written(tmp_path: Path, monkeypatch: pytest.M
     with_val = default_config()
     assert Path(DEMO_TRAIN_FILE).read_bytes() == b"mine"
     assert Path(DEMO_VAL_FILE).stat().st_size > 0
-    assert list(Path(DEMO_MODEL_PATH).iterdir()) == []
+    assert sorted(p.name for p in own_model.iterdir()) == ["config.json", "tokenizer.json"]
     assert missing_demo_assets(with_val) == []
 
 

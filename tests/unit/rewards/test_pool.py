@@ -1,0 +1,135 @@
+"""`RewardPool`: reward calls in spawned processes, each under a deadline. Real processes; a
+call that never returns is killed at its deadline and its row named, the rest still scored."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from hybrid.data import Batch
+from hybrid.rewards import load_reward_function
+from hybrid.rewards.manager import RewardError, RewardManager
+from hybrid.rewards.pool import RewardPool
+
+pytestmark = pytest.mark.unit
+
+REWARD_FILE = """
+import math, os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        time.sleep(3600)
+    if solution_str == "raise":
+        raise ValueError("no answer found")
+    if solution_str == "nan":
+        return math.nan
+    if solution_str == "text":
+        return "1.0"
+    if solution_str == "exit":
+        os._exit(3)
+    if solution_str == "pid":
+        return {"score": 1.0, "pid": os.getpid()}
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.fixture(scope="module")
+def reward_fn(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A custom reward loaded from a file: it reaches the processes by value."""
+    path = tmp_path_factory.mktemp("reward") / "my_reward.py"
+    path.write_text(REWARD_FILE)
+    return load_reward_function(str(path))
+
+
+def call(response: str, gold: str = "a") -> tuple:
+    return ("s", response, gold, None)
+
+
+def test_every_kind_of_failure_comes_back_named_and_the_rest_is_scored(reward_fn: Any) -> None:
+    pool = RewardPool(reward_fn, size=2, timeout_s=2.0)
+    try:
+        started = time.monotonic()
+        outcomes = pool.map(
+            [
+                call("a"),
+                call("hang"),
+                call("raise"),
+                call("nan"),
+                call("text"),
+                call("exit"),
+                call("b"),
+            ]
+        )
+        took = time.monotonic() - started
+    finally:
+        pool.close()
+    kinds = [o[0] for o in outcomes]
+    assert kinds == ["ok", "timeout", "exception", "not_finite", "wrong_type", "exception", "ok"]
+    assert [outcomes[0][1], outcomes[6][1]] == [1.0, 0.0]
+    assert "reward.timeout_s=2" in outcomes[1][1]
+    assert outcomes[2][1].startswith("ValueError: no answer found")
+    assert "exit code 3" in outcomes[5][1]
+    assert pool.killed == 1
+    assert took < 2.0 + 10.0, took  # the hung call cost its deadline, not an hour
+
+
+def test_processes_are_reused_and_a_killed_one_is_replaced(reward_fn: Any) -> None:
+    pool = RewardPool(reward_fn, size=1, timeout_s=1.0)
+    try:
+        first = pool.map([call("pid"), call("pid")])
+        pool.map([call("hang")])
+        after = pool.map([call("pid")])
+    finally:
+        pool.close()
+    pids = [o[2]["pid"] for o in first]
+    assert pids[0] == pids[1] != os.getpid()
+    assert after[0][0] == "ok" and after[0][2]["pid"] != pids[0]
+
+
+def test_bad_pool_settings_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"reward\.timeout_s must be a positive number"):
+        RewardPool(lambda *a: 0.0, size=1, timeout_s=0)
+    with pytest.raises(ValueError, match=r"reward\.num_workers"):
+        RewardPool(lambda *a: 0.0, size=0, timeout_s=1)
+
+
+def test_the_manager_fails_on_a_hung_row_within_its_deadline(reward_fn: Any) -> None:
+    rows = ["a", "hang", "a"]
+    batch = Batch.from_dict(
+        {"responses": torch.zeros(3, 1, dtype=torch.long)},
+        {"response_text": rows, "ground_truth": ["a"] * 3, "data_source": ["gsm8k", "math", "x"]},
+    )
+    manager = RewardManager(reward_fn, num_workers=2, timeout_s=1.0)
+    try:
+        pending = manager.submit(batch)  # returns at once; the pool works meanwhile
+        with pytest.raises(RewardError, match=r"row 1 \(data_source 'math'\): timeout: no score"):
+            pending.result(timeout=30)
+    finally:
+        manager.close()
+    scoring = RewardManager(reward_fn, num_workers=2, timeout_s=1.0, on_error="score")
+    try:
+        scores, metrics = scoring.score(batch)
+    finally:
+        scoring.close()
+    assert scores.tolist() == [1.0, 0.0, 1.0]
+    assert metrics["reward/errors"] == 1.0 and metrics["reward/errors/timeout"] == 1.0
+
+
+def test_closing_the_manager_abandons_a_batch_in_the_pool(reward_fn: Any) -> None:
+    """A run ending for another reason does not wait out a hung row's deadline."""
+    batch = Batch.from_dict(
+        {"responses": torch.zeros(1, 1, dtype=torch.long)},
+        {"response_text": ["hang"], "ground_truth": ["a"], "data_source": ["s"]},
+    )
+    manager = RewardManager(reward_fn, num_workers=1, timeout_s=600)
+    pending = manager.submit(batch)
+    time.sleep(1.0)  # the call is running
+    started = time.monotonic()
+    manager.close()
+    assert time.monotonic() - started < 10
+    with pytest.raises(RuntimeError, match="closed while scoring"):
+        pending.result(timeout=1)

@@ -1,0 +1,49 @@
+"""Bad input a new user meets first, named before any worker starts: a model directory without
+the files a run loads, and a reward section out of range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.trainer.config import RewardConfig, check_model_dir
+
+pytestmark = pytest.mark.unit
+
+
+def test_an_empty_model_directory_is_named(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    with pytest.raises(
+        ValueError, match=r"model\.path: .*model has no config\.json.*holds nothing"
+    ):
+        check_model_dir("model.path", str(model))
+    (model / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"model\.path: .* has no tokenizer files"):
+        check_model_dir("model.path", str(model))
+    (model / "tokenizer.json").write_text("{}")
+    check_model_dir("model.path", str(model))
+
+
+def test_a_missing_local_path_is_named_and_a_hub_id_is_left_alone(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"critic\.model\.path: .*/nope does not exist"):
+        check_model_dir("critic.model.path", str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match=r"model\.path: \./nope does not exist"):
+        check_model_dir("model.path", "./nope")
+    check_model_dir("model.path", "Qwen/Qwen2.5-0.5B-Instruct")  # transformers resolves it
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"timeout_s": 0}, r"reward\.timeout_s must be a positive number"),
+        ({"timeout_s": float("nan")}, r"reward\.timeout_s must be a positive number"),
+        ({"timeout_s": -5.0}, r"reward\.timeout_s must be a positive number"),
+        ({"on_error": "ignore"}, r"reward\.on_error must be one of \['fail', 'score'\]"),
+        ({"num_workers": -1}, r"reward\.num_workers must be >= 0"),
+    ],
+)
+def test_reward_settings_out_of_range_name_the_field(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RewardConfig(**fields)
