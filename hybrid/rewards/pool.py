@@ -3,7 +3,7 @@
 A reward function is user code: it may hang (a regex that backtracks forever, a sandbox that
 never returns), crash the interpreter, or cost tens of milliseconds a row. Run inline on the
 driver, any of these stalls the whole run with no error. Here each row is one call in one of
-`size` spawned processes; a call that outlives its deadline gets its process killed (and
+`size` reward processes (hybrid/rewards/worker.py); a call that outlives its deadline gets its process killed (and
 replaced on the next call), and its row comes back as a `timeout` outcome naming how long it
 ran. The function travels to the processes once, by value (cloudpickle), so a custom function
 loaded from a file works as well as a built-in.
@@ -14,74 +14,58 @@ one of ERROR_KINDS. What a failed row means for the run is the manager's busines
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import multiprocessing as mp
-import signal
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-import traceback
 from collections import deque
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import cloudpickle
 
-from hybrid.rewards.outcome import Outcome, checked_outcome
+from hybrid.rewards.outcome import Outcome
 
 START_TIMEOUT_S = 120.0
 """How long a new process may take to start and load the function."""
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies, so a driver killed with
-    SIGKILL leaves no reward process behind (a stuck call never reads the closed pipe)."""
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: no such guarantee
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _serve(conn: Connection, fn_bytes: bytes) -> None:
-    """A worker process: for each chunk of (task, args) it receives, call the function on
-    every row and send each row's (task, outcome) as soon as it is known; until the pipe
-    closes."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    try:
-        fn = cloudpickle.loads(fn_bytes)
-    except Exception as error:  # e.g. the function's module is not importable here
-        conn.send(("failed", f"{type(error).__name__}: {error}"))
-        return
-    conn.send(("ready", ""))
-    while True:
-        try:
-            chunk = conn.recv()
-        except (EOFError, OSError):
-            return
-        for task, args in chunk:
-            try:
-                outcome = checked_outcome(fn(*args))
-            except Exception as error:  # the user's code: every error becomes the row's outcome
-                outcome = (
-                    "exception",
-                    f"{type(error).__name__}: {error}\n{traceback.format_exc()}",
-                    {},
-                )
-            conn.send((task, outcome))
-
-
 class _Process:
-    """One worker process and the rows it was sent and has not answered yet, in order: the
-    first of them is running, since `started`."""
+    """One reward process (hybrid/rewards/worker.py) and the rows it was sent and has not
+    answered yet, in order: the first of them is running, since `started`."""
 
-    def __init__(self, context: Any, fn_bytes: bytes) -> None:
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, fn_bytes), daemon=True)
-        self.process.start()
-        child.close()
+    def __init__(self, fn_bytes: bytes) -> None:
+        self.scratch = tempfile.mkdtemp(prefix="hybrid-reward-")
+        child_in, parent_out = os.pipe()
+        parent_in, child_out = os.pipe()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hybrid.rewards.worker",
+                str(child_in),
+                str(child_out),
+                self.scratch,
+            ],
+            pass_fds=(child_in, child_out),
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(child_in)
+        os.close(child_out)
+        self.conn = Connection(parent_in, writable=False)
+        """What the process sends: `wait` watches it."""
+        self._outbox = Connection(parent_out, readable=False)
         self.rows: deque[tuple[int, tuple]] = deque()
         self.started = 0.0
-        # The deadline of a call starts once the process runs the function, not while it
-        # starts and imports (seconds on a loaded machine).
+        self._outbox.send_bytes(fn_bytes)
+
+    def wait_ready(self) -> None:
+        """Until the process has loaded the function. The deadline of a call starts once the
+        process runs the function, not while it starts and imports (seconds on a loaded
+        machine)."""
         if not self.conn.poll(START_TIMEOUT_S):
             self.kill()
             raise RuntimeError(f"a reward process did not start within {START_TIMEOUT_S:g} s")
@@ -90,10 +74,14 @@ class _Process:
             self.kill()
             raise RuntimeError(f"a reward process could not load the reward function: {message}")
 
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
     def send(self, chunk: list[tuple[int, tuple]]) -> None:
         self.rows.extend(chunk)
         self.started = time.monotonic()
-        self.conn.send(chunk)
+        self._outbox.send(chunk)
 
     def answered(self, task: int) -> None:
         """The running row is done: the next one starts now."""
@@ -103,8 +91,24 @@ class _Process:
 
     def kill(self) -> None:
         self.process.kill()
-        self.process.join(timeout=5)
+        self.process.wait(timeout=5)
+        self.end()
+
+    def stop(self) -> None:
+        """Close its input: the process returns from its loop; killed if it does not."""
+        self._outbox.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        self.end()
+
+    def end(self) -> None:
+        """After the process is gone: its pipes and its temporary files."""
         self.conn.close()
+        self._outbox.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class RewardPool:
@@ -124,8 +128,6 @@ class RewardPool:
             )
         self.size, self.timeout_s = size, timeout_s
         self._fn_bytes = cloudpickle.dumps(fn)
-        # spawn, not fork: the driver holds Ray's threads and sockets, which a fork would copy.
-        self._context = mp.get_context("spawn")
         self._processes: list[_Process] = []
         self.killed = 0
         """Processes killed at a deadline since the pool started."""
@@ -136,8 +138,18 @@ class RewardPool:
         outcomes: list[Outcome | None] = [None] * len(calls)
         pending = deque(enumerate(calls))
         chunk_size = max(1, len(calls) // (self.size * 4))
-        while len(self._processes) < min(self.size, len(calls)):
-            self._processes.append(_Process(self._context, self._fn_bytes))
+        started = [
+            _Process(self._fn_bytes)
+            for _ in range(min(self.size, len(calls)) - len(self._processes))
+        ]
+        try:
+            for worker in started:  # started together, waited for in turn
+                worker.wait_ready()
+        except BaseException:
+            for worker in started:
+                worker.kill()
+            raise
+        self._processes.extend(started)
         try:
             while pending or any(w.rows for w in self._processes):
                 if self._cancelled.is_set():
@@ -148,12 +160,12 @@ class RewardPool:
                         worker.send([pending.popleft() for _ in range(count)])
                 busy = {w.conn: w for w in self._processes if w.rows}
                 for ready in wait(list(busy), timeout=self._next_deadline(busy)):
-                    worker = busy[ready]
+                    worker = busy[ready]  # type: ignore[index]
                     try:
                         task, outcome = worker.conn.recv()
                     except (EOFError, OSError):  # the process died mid-call (os._exit, a crash)
-                        worker.process.join(timeout=5)  # reap it: its exit code is known then
-                        message = f"the reward process died (exit code {worker.process.exitcode})"
+                        worker.process.wait(timeout=5)  # reap it: its exit code is known then
+                        message = f"the reward process died (exit code {worker.exit_code})"
                         self._replace(worker, ("exception", message, {}), outcomes, pending)
                         continue
                     outcomes[task] = outcome
@@ -182,7 +194,9 @@ class RewardPool:
         worker.kill()
         self._processes.remove(worker)
         pending.extendleft(reversed(queued))
-        self._processes.append(_Process(self._context, self._fn_bytes))
+        replacement = _Process(self._fn_bytes)
+        replacement.wait_ready()
+        self._processes.append(replacement)
 
     def _next_deadline(self, busy: dict[Connection, _Process]) -> float:
         """Seconds until the first running row passes its deadline (at most 1: a cancel is
@@ -206,10 +220,7 @@ class RewardPool:
         self._cancelled.set()
 
     def close(self) -> None:
-        """End every process (their pipes close; each returns from its loop)."""
+        """End every process (each returns from its loop once its input closes)."""
         for worker in self._processes:
-            worker.conn.close()
-            worker.process.join(timeout=5)
-            if worker.process.is_alive():
-                worker.kill()
+            worker.stop()
         self._processes = []

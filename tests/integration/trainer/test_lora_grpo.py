@@ -5,6 +5,7 @@ in Hugging Face peft and in a fresh vLLM, and bad LoRA settings fail before work
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +218,8 @@ def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
         "architectures": ["GPTJForCausalLM"], "model_type": "gptj", "n_layer": 1, "n_embd": 32,
         "n_head": 2, "rotary_dim": 8, "vocab_size": config["vocab_size"], "n_positions": 64,
     }))  # fmt: skip
+    for tokenizer_file in (assets / "model").glob("tokenizer*"):  # a model dir holds its tokenizer
+        shutil.copy(tokenizer_file, gptj)
     with pytest.raises(
         ValueError, match=r"sync\.lora_mode=adapter: vLLM has no LoRA support for GPTJForCausalLM"
     ):

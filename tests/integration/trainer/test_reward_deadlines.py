@@ -79,6 +79,7 @@ def test_a_hanging_reward_stops_the_run_within_its_deadline_naming_the_row(
     assert not multiprocessing.active_children(), multiprocessing.active_children()
 
 
+@pytest.mark.full  # by default: every kind through real processes in tests/unit/rewards
 def test_with_on_error_score_every_kind_is_scored_and_counted(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         os._exit(3)
     if solution_str == "pid":
         return {"score": 1.0, "pid": os.getpid()}
+    if solution_str == "litter":  # files left behind by a call killed at its deadline
+        import tempfile
+        open(os.path.join(tempfile.mkdtemp(), "half_written"), "w").write("x")
+        time.sleep(3600)
     return float(solution_str == ground_truth)
 """
 
@@ -133,3 +138,21 @@ def test_closing_the_manager_abandons_a_batch_in_the_pool(reward_fn: Any) -> Non
     assert time.monotonic() - started < 10
     with pytest.raises(RuntimeError, match="closed while scoring"):
         pending.result(timeout=1)
+
+
+def test_a_call_killed_at_its_deadline_leaves_no_temporary_files(reward_fn: Any) -> None:
+    import tempfile
+
+    def scratch_dirs() -> set[str]:
+        return {p.name for p in Path(tempfile.gettempdir()).glob("hybrid-reward-*")}
+
+    before = scratch_dirs()
+    pool = RewardPool(reward_fn, size=1, timeout_s=1.0)
+    try:
+        outcomes = pool.map([call("litter"), call("a")])
+        during = scratch_dirs()
+    finally:
+        pool.close()
+    assert [o[0] for o in outcomes] == ["timeout", "ok"]
+    assert len(during - before) == 1  # the replacement's; the killed process's is gone
+    assert scratch_dirs() == before

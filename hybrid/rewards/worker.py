@@ -1,0 +1,67 @@
+"""A reward process: `python -m hybrid.rewards.worker READ_FD WRITE_FD SCRATCH`.
+
+Started by `RewardPool` as a plain subprocess rather than through multiprocessing, whose
+spawn re-imports the parent's main module in every child (for `python -m hybrid.main`: Hydra,
+Ray and the trainer, seconds and hundreds of MB a process). This module imports only the reward
+code. Protocol over two pipes of pickled messages: the function (cloudpickled bytes) in,
+("ready", "") or ("failed", why) out; then chunks of (task, args) in, one (task, outcome) out
+per row, as soon as it is known. Temporary files go under SCRATCH, which the pool removes with
+the process: a call killed at its deadline cannot clean up after itself (a sandbox's folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from multiprocessing.connection import Connection
+
+import cloudpickle
+
+from hybrid.rewards.outcome import Outcome, checked_outcome
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent dies, so a driver killed with
+    SIGKILL leaves no reward process behind (a stuck call never reads the closed pipe)."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: no such guarantee
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def call(fn: object, args: tuple) -> Outcome:
+    try:
+        return checked_outcome(fn(*args))  # type: ignore[operator]
+    except Exception as error:  # the user's code: every error becomes the row's outcome
+        return ("exception", f"{type(error).__name__}: {error}\n{traceback.format_exc()}", {})
+
+
+def serve(inbox: Connection, outbox: Connection) -> None:
+    try:
+        fn = cloudpickle.loads(inbox.recv_bytes())
+    except Exception as error:  # e.g. the function's module is not importable here
+        outbox.send(("failed", f"{type(error).__name__}: {error}"))
+        return
+    outbox.send(("ready", ""))
+    while True:
+        try:
+            chunk = inbox.recv()
+        except (EOFError, OSError):  # the pool closed the pipe: done
+            return
+        for task, args in chunk:
+            outbox.send((task, call(fn, args)))
+
+
+def main(argv: list[str]) -> None:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    read_fd, write_fd, scratch = int(argv[0]), int(argv[1]), argv[2]
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch  # for this process and its children
+    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
