@@ -69,7 +69,11 @@ class _Process:
         if not self.conn.poll(START_TIMEOUT_S):
             self.kill()
             raise RuntimeError(f"a reward process did not start within {START_TIMEOUT_S:g} s")
-        state, message = self.conn.recv()
+        try:
+            state, message = self.conn.recv()
+        except (EOFError, OSError):  # it exited before it could say why
+            self.kill()
+            state, message = "exited", f"it exited with code {self.exit_code}"
         if state != "ready":
             self.kill()
             raise RuntimeError(f"a reward process could not load the reward function: {message}")

@@ -156,3 +156,23 @@ def test_a_call_killed_at_its_deadline_leaves_no_temporary_files(reward_fn: Any)
     assert [o[0] for o in outcomes] == ["timeout", "ok"]
     assert len(during - before) == 1  # the replacement's; the killed process's is gone
     assert scratch_dirs() == before
+
+
+class _ExitsWhenLoaded:
+    """Unpickling it ends the process: a reward process that dies while it starts."""
+
+    def __reduce__(self) -> tuple:
+        return (os._exit, (3,))
+
+
+def test_a_process_that_dies_while_starting_is_named_and_leaves_nothing() -> None:
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("hybrid-reward-*"))
+    pool = RewardPool(_ExitsWhenLoaded(), size=1, timeout_s=5.0)
+    with pytest.raises(
+        RuntimeError, match="could not load the reward function: it exited with code 3"
+    ):
+        pool.map([call("a")])
+    pool.close()
+    assert set(Path(tempfile.gettempdir()).glob("hybrid-reward-*")) == before
