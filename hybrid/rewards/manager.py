@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import traceback
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import get_args
@@ -27,9 +26,10 @@ from typing import get_args
 import torch
 
 from hybrid.data import Batch
-from hybrid.rewards.outcome import ERROR_KINDS, OnError, Outcome, checked_outcome
+from hybrid.rewards.outcome import ERROR_KINDS, OnError, Outcome
 from hybrid.rewards.pool import RewardPool
 from hybrid.rewards.registry import RewardFn, compute_score
+from hybrid.rewards.worker import call
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class RewardManager:
         if self.pool is not None:
             outcomes = self.pool.map(calls)
         else:
-            outcomes = [_call_inline(self.reward_fn, args) for args in calls]
+            outcomes = [call(self.reward_fn, args) for args in calls]  # what a worker does
         failed = [row for row, outcome in enumerate(outcomes) if outcome[0] != "ok"]
         if failed:
             self._handle_failures(batch, outcomes, failed)
@@ -155,13 +155,6 @@ def _calls(batch: Batch) -> list[tuple]:
         )
         for row in range(len(batch))
     ]
-
-
-def _call_inline(fn: RewardFn, args: tuple) -> Outcome:
-    try:
-        return checked_outcome(fn(*args))
-    except Exception as error:  # the user's code: every error becomes the row's outcome
-        return ("exception", f"{type(error).__name__}: {error}\n{traceback.format_exc()}", {})
 
 
 def _row_name(batch: Batch, row: int) -> str:

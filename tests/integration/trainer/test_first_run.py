@@ -36,17 +36,24 @@ SMALL = (
 )
 
 
-def test_the_entry_point_builds_the_demo_and_trains_from_nothing(tmp_path: Path) -> None:
+def run_entry_point(
+    cwd: Path, *overrides: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """`python -m hybrid.main overrides...` in `cwd`, as a user runs it from a checkout."""
     env = child_env()
     env["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run(
-        [sys.executable, "-m", "hybrid.main", *SMALL],
-        cwd=tmp_path,
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid.main", *overrides],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=timeout,
     )
+
+
+def test_the_entry_point_builds_the_demo_and_trains_from_nothing(tmp_path: Path) -> None:
+    done = run_entry_point(tmp_path, *SMALL, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     built = [line for line in done.stdout.splitlines() if "built the demo inputs" in line]
     assert len(built) == 1, done.stdout
@@ -79,19 +86,6 @@ def test_the_console_script_finds_its_configs_from_any_directory(tmp_path: Path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "max_checkpoints_to_keep: 2" in done.stdout
     assert not (tmp_path / "outputs").exists()  # --cfg prints the config and runs nothing
-
-
-def run_entry_point(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = child_env()
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    return subprocess.run(
-        [sys.executable, "-m", "hybrid.main", *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def test_bad_input_a_new_user_tries_is_one_line_without_a_traceback(tmp_path: Path) -> None:
