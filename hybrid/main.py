@@ -21,6 +21,7 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig
 
+from hybrid.controller.errors import StallError
 from hybrid.rewards.manager import RewardError
 from hybrid.trainer.compose import CONFIG_DIR as CONFIG_PATH
 from hybrid.trainer.compose import register_schema, to_run_config
@@ -79,7 +80,7 @@ def main(cfg: DictConfig) -> None:
         stop(error, out, 2)
     try:
         final = driver.fit()
-    except RewardError as error:  # reward.on_error=fail: the row is named
+    except (RewardError, StallError) as error:  # the row, or the phase and ranks, named
         stop(error, out, 1)
     print_lines(final_summary(driver.reward_history, time.monotonic() - started, final, out))
 

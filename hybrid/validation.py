@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def check_positive(owner: str, **values: float) -> None:
     """Raise ValueError naming `owner.field` for every value that is not > 0."""
@@ -20,3 +22,11 @@ def check_range(owner: str, name: str, value: float, low: float, high: float) ->
     """Raise ValueError naming `owner.name` unless low < value <= high."""
     if not low < value <= high:
         raise ValueError(f"{owner}.{name} must be in ({low}, {high}], got {value}")
+
+
+def check_timeout(field_name: str, seconds: float) -> None:
+    """A deadline must be a positive, finite number of seconds: raise naming the field."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ValueError(f"{field_name} must be a number of seconds, got {seconds!r}")
+    if not (seconds > 0 and math.isfinite(seconds)):  # also NaN
+        raise ValueError(f"{field_name} must be a positive number of seconds, got {seconds}")

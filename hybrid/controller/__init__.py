@@ -2,8 +2,9 @@
 groups and the colocated WorkerDict. Knows no worker, trainer or model."""
 
 from hybrid.controller.cluster import ensure_ray
+from hybrid.controller.deadlines import Deadlines
 from hybrid.controller.dispatch import Dispatch, register
-from hybrid.controller.errors import WorkerCallError, WorkerDiedError
+from hybrid.controller.errors import StallError, WorkerCallError, WorkerDiedError
 from hybrid.controller.rank_env import RankEnv
 from hybrid.controller.resource_pool import RayResourcePool
 from hybrid.controller.worker import Worker
@@ -16,12 +17,14 @@ from hybrid.controller.worker_dict import (
 from hybrid.controller.worker_group import GroupFuture, RayWorkerGroup, WorkerGroupView
 
 __all__ = [
+    "Deadlines",
     "Dispatch",
     "GroupFuture",
     "RankEnv",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",
+    "StallError",
     "Worker",
     "WorkerCallError",
     "WorkerDict",

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hybrid.controller.errors import WorkerCallError
+from hybrid.controller.progress import ProgressWriter
 from hybrid.controller.rank_env import RankEnv
 from hybrid.controller.worker import Worker
+from hybrid.memory.ledger import process_ledger
 
 
 @dataclass(frozen=True, init=False, eq=False)
@@ -146,6 +148,7 @@ class WorkerDict:
         self._members: dict[str, Worker] = {}
         self._rank = -1
         self._logs_redirected = False
+        self._progress: ProgressWriter | None = None
 
     def node(self) -> tuple[str, str]:
         """(Ray node id, address) of the node this worker runs on."""
@@ -168,11 +171,18 @@ class WorkerDict:
         env: RankEnv,
         members: Mapping[str, RayClassWithInitArgs],
         log_dir: str | None = None,
+        progress_dir: str | None = None,
     ) -> None:
         self._rank = env.rank
         if log_dir is not None:
             _quiet_worker_logging(redirect_output(worker_log_path(log_dir, env.rank)))
             self._logs_redirected = True
+        if progress_dir is not None:
+            self._progress = ProgressWriter(progress_dir, env.rank)
+            self._progress.call_started("+".join(members) + ".__init__")
+            # The members' phase boundaries (engine wake, sync chunks, generate, update) are
+            # the progress inside a call.
+            process_ledger(env.rank, env.node).listeners.append(self._progress.boundary)
         for prefix, spec in members.items():
             # Re-exported before each member: an earlier member's libraries may have rewritten
             # them (vLLM's CPU platform sets LOCAL_WORLD_SIZE to its tensor-parallel size).
@@ -181,14 +191,21 @@ class WorkerDict:
                 self._members[prefix] = spec.instantiate()
             except Exception as exc:
                 raise self._call_error(prefix, "__init__", exc) from None
+        if self._progress is not None:
+            self._progress.call_finished()
 
     def call(self, request: MemberCall) -> Any:
+        if self._progress is not None:
+            self._progress.call_started(f"{request.member}.{request.method}")
         try:
             return getattr(self._members[request.member], request.method)(
                 *request.args, **request.kwargs
             )
         except Exception as exc:
             raise self._call_error(request.member, request.method, exc) from None
+        finally:
+            if self._progress is not None:
+                self._progress.call_finished()
 
     def pid(self) -> int:
         return os.getpid()

@@ -10,10 +10,19 @@ Calls fail fast: a worker that raises or dies surfaces at once, named by member,
 rank, even while its peers are blocked in a collective. With a `log_dir`, each worker's output
 goes to `<log_dir>/worker_<rank>.log` (see worker_dict.py) and a dead worker's error carries
 the last lines of its log.
+
+Calls never wait forever: with `deadlines`, a call that is still running past its phase's
+deadline (hybrid/controller/deadlines.py) raises `StallError`, naming the ranks still in it and
+what each was last seen doing (its progress file, its process state: hybrid/controller/stall.py).
+A stalled group cannot be asked to do anything more; `shutdown` kills its workers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +33,12 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybrid.controller.cluster import ensure_ray
+from hybrid.controller.deadlines import Deadlines
 from hybrid.controller.dispatch import MethodSpec, plan_call, registered_methods
 from hybrid.controller.errors import WorkerCallError, WorkerDiedError
 from hybrid.controller.rank_env import RankEnv
-from hybrid.controller.resource_pool import NodeRef, RayResourcePool, ranks_by_node
+from hybrid.controller.resource_pool import Bundle, NodeRef, RayResourcePool, ranks_by_node
+from hybrid.controller.stall import Watch
 from hybrid.controller.worker_dict import (
     MemberCall,
     RayClassWithInitArgs,
@@ -67,6 +78,7 @@ class GroupFuture:
         collect: Callable[[list[Any]], Any],
         log_dir: str | None = None,
         rank_nodes: list[NodeRef] | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self._refs = refs
         self._member = member
@@ -74,20 +86,40 @@ class GroupFuture:
         self._collect = collect
         self._log_dir = log_dir
         self._rank_nodes = rank_nodes
+        self._watch = watch
+        self._submitted = time.monotonic()
+
+    @property
+    def phase(self) -> str:
+        return f"{self._member}.{self._method}"
 
     def get(self, timeout: float | None = None) -> Any:
+        """The folded result. `timeout` (seconds since the call started) raises TimeoutError;
+        without one, the group's deadlines apply and a call past its phase's deadline raises
+        StallError."""
+        watch = None if timeout is not None else self._watch
+        limit = timeout if watch is None else watch.deadlines.for_phase(self.phase)
+        remaining = None if limit is None else max(limit - self._elapsed(), 0.0)
         try:
             # ray.get on a list raises as soon as any element fails, even while the other
             # ranks are still running (e.g. blocked in a collective with the dead one).
-            results = ray.get(self._refs, timeout=timeout)
+            results = ray.get(self._refs, timeout=remaining)
         except GetTimeoutError:
-            raise TimeoutError(
-                f"{self._member}.{self._method} did not finish in {timeout}s"
-            ) from None
+            if watch is None:
+                raise TimeoutError(f"{self.phase} did not finish in {timeout}s") from None
+            ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+            pending = [rank for rank, ref in enumerate(self._refs) if ref not in ready]
+            rule = watch.deadlines.rule(self.phase)
+            raise watch.stall_error(self.phase, pending, self._elapsed(), rule) from None
         except (RayTaskError, RayActorError):
             self._raise_first_failure()
             raise
+        if watch is not None:
+            watch.deadlines.done(self.phase, self._elapsed())
         return self._collect(list(results))
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._submitted
 
     def _raise_first_failure(self) -> None:
         """Raise the root cause among the ranks that have finished: a dead worker if there is
@@ -161,6 +193,9 @@ class RayWorkerGroup:
     `log_dir`: each worker's stdout and stderr go to `<log_dir>/worker_<rank>.log` instead of
     the console (and Ray, if this starts it, shows only its errors on the driver); None leaves
     all output on the console.
+    `deadlines`: every call (the members' construction included) raises StallError past its
+    phase's deadline; None: calls wait as long as they run. `progress_dir`: where the workers
+    write what they are doing (hybrid/controller/progress.py), which a StallError quotes.
     """
 
     def __init__(
@@ -169,9 +204,14 @@ class RayWorkerGroup:
         ray_cls_with_init: RayClassWithInitArgs | WorkerDictClass,
         ray_address: str | None = None,
         log_dir: str | Path | None = None,
+        deadlines: Deadlines | None = None,
+        progress_dir: str | Path | None = None,
     ) -> None:
         ensure_ray(ray_address, quiet=log_dir is not None)
         self.log_dir = None if log_dir is None else str(Path(log_dir).resolve())
+        progress = None if progress_dir is None else Path(progress_dir).resolve()
+        self.progress_dir = None if progress is None else str(progress)
+        self.watch = None if deadlines is None else Watch(deadlines, progress)
         if isinstance(ray_cls_with_init, RayClassWithInitArgs):
             self._members = {ray_cls_with_init.cls.__name__: ray_cls_with_init}
             self._default_member: str | None = ray_cls_with_init.cls.__name__
@@ -224,12 +264,25 @@ class RayWorkerGroup:
             actor.call.remote(MemberCall(member, name, rank_args, rank_kwargs))
             for actor, (rank_args, rank_kwargs) in zip(self.actors, plan.per_rank, strict=True)
         ]
-        return GroupFuture(refs, member, name, plan.collect, self.log_dir, self.rank_nodes)
+        return GroupFuture(
+            refs, member, name, plan.collect, self.log_dir, self.rank_nodes, self.watch
+        )
+
+    @property
+    def stalled(self) -> bool:
+        """A call of this group passed its deadline: its workers only answer `shutdown`."""
+        return self.watch is not None and self.watch.stalled
 
     def shutdown(self) -> None:
-        """Kill the actors and give the bundles back to the pool."""
+        """Kill the actors and give the bundles back to the pool. After a stall, the workers
+        on this machine are SIGKILLed too: a stopped process ignores Ray's request to exit,
+        and Ray's own kill comes seconds later, possibly after this driver is gone."""
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        if self.watch is not None and self.watch.stalled:
+            for pid in self.watch.local_pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self.actors = []
         self.resource_pool.release()
 
@@ -260,6 +313,19 @@ class RayWorkerGroup:
 
     def _start_actors(self, pool: RayResourcePool) -> list[Any]:
         bundles = pool.bundles()
+        started: list[Any] = []
+        try:
+            return self._start_members(pool, bundles, started)
+        except BaseException:
+            # A member that failed or stalled in __init__: nothing of this group stays up.
+            for actor in started:
+                ray.kill(actor, no_restart=True)
+            pool.release()
+            raise
+
+    def _start_members(
+        self, pool: RayResourcePool, bundles: list[Bundle], started: list[Any]
+    ) -> list[Any]:
         in_bundle_order: list[Any] = [
             _RemoteWorkerDict.options(
                 num_cpus=pool.bundle_resources["CPU"],
@@ -270,13 +336,20 @@ class RayWorkerGroup:
             ).remote()
             for b in bundles
         ]
+        started.extend(in_bundle_order)
         # Ranks go node by node from where Ray placed each worker (rank 0's node hosts the
         # rendezvous), so local ranks are right however the placement groups landed.
         nodes = ray.get([actor.node.remote() for actor in in_bundle_order])
+        pids = ray.get([actor.pid.remote() for actor in in_bundle_order])
         placements = ranks_by_node([node_id for node_id, _ in nodes])
         by_rank = sorted(range(len(bundles)), key=lambda i: placements[i].rank)
         actors = [in_bundle_order[i] for i in by_rank]
         self.rank_nodes = [NodeRef(*nodes[i]) for i in by_rank]
+        if self.watch is not None:  # the driver can read these workers' process states
+            here = ray.get_runtime_context().get_node_id()
+            self.watch.local_pids = {
+                rank: pids[i] for rank, i in enumerate(by_rank) if nodes[i][0] == here
+            }
         master_addr, master_port = ray.get(actors[0].rendezvous_address.remote())
         envs = [
             RankEnv(
@@ -292,11 +365,17 @@ class RayWorkerGroup:
         ]
         # Members are constructed concurrently: their __init__ may rendezvous with each other.
         refs = [
-            a.start.remote(env, self._members, self.log_dir)
+            a.start.remote(env, self._members, self.log_dir, self.progress_dir)
             for a, env in zip(actors, envs, strict=True)
         ]
         GroupFuture(
-            refs, "+".join(self._members), "__init__", list, self.log_dir, self.rank_nodes
+            refs,
+            "+".join(self._members),
+            "__init__",
+            list,
+            self.log_dir,
+            self.rank_nodes,
+            self.watch,
         ).get()
         return actors
 

@@ -135,6 +135,9 @@ class MemoryLedger:
         self.timings: dict[str, float] = {}
         self.counts: dict[str, float] = {}
         self._sources: dict[str, ComponentSource] = {}
+        self.listeners: list[Callable[[str], None]] = []
+        """Called with each boundary's phase name (the worker's progress file: a stuck
+        worker's last boundary is what a stall error quotes)."""
         self._metrics_from = 0  # first record not yet summarised by pop_metrics
         self._started = time.monotonic()
         baseline = measure_and_reset()
@@ -203,6 +206,8 @@ class MemoryLedger:
             host_gib={k: round(v, 9) for k, v in on_host.items() if v},
         )
         self.records.append(entry)
+        for listener in self.listeners:
+            listener(phase)
         return entry
 
     def _account_first_use(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hybrid.validation import check_choice, check_positive
+from hybrid.validation import check_choice, check_positive, check_timeout
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,9 @@ class SyncConfig:
             "sync",
             interval=self.interval,
             explorer_steps=self.explorer_steps,
-            timeout_s=self.timeout_s,
             keep_versions=self.keep_versions,
         )
+        check_timeout("sync.timeout_s", self.timeout_s)
         for name in ("offset", "max_staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"sync.{name} must be >= 0, got {getattr(self, name)}")

@@ -20,7 +20,7 @@ from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.synchronizer.policy import SyncPolicy
-from hybrid.validation import check_choice, check_positive
+from hybrid.validation import check_choice, check_positive, check_timeout
 from hybrid.workers.config import (
     ActorConfig,
     CriticConfig,
@@ -213,10 +213,7 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         check_choice("reward", "on_error", self.on_error, get_args(OnRewardError))
-        if not self.timeout_s > 0:  # also NaN
-            raise ValueError(
-                f"reward.timeout_s must be a positive number of seconds, got {self.timeout_s}"
-            )
+        check_timeout("reward.timeout_s", self.timeout_s)
         if self.num_workers is not None and self.num_workers < 0:
             raise ValueError(
                 f"reward.num_workers must be >= 0 (0: inline on the driver), got {self.num_workers}"
@@ -284,8 +281,15 @@ class TrainerConfig:
     verbose: bool = False
     """Show vLLM, Ray and library logs on the console; false: they go to
     output_dir/logs/worker_<rank>.log and driver.log, and only warnings and errors are shown."""
+    stall_timeout_s: float = 600.0
+    """The shortest deadline of any phase the driver waits on (a generation, an update, a weight
+    publish, a checkpoint save): a phase may take 4x the slowest it took earlier in the run,
+    never less than this; its first call (model build, engine start, compilation) 3x this.
+    Past it the run stops with an error naming the phase, the ranks and what they last did
+    (docs/configuration.md, Deadlines)."""
 
     def __post_init__(self) -> None:
+        check_timeout("trainer.stall_timeout_s", self.stall_timeout_s)
         check_positive(
             "trainer",
             total_steps=self.total_steps,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hybrid.controller import (
+    Deadlines,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
@@ -36,6 +37,9 @@ from hybrid.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
 
+AFTER_FAILURE_SHUTDOWN_S = 30.0
+"""After a failure, how long the engines get to shut down before their workers are killed."""
+
 
 @dataclass
 class Placement:
@@ -53,7 +57,10 @@ class Placement:
             sides.insert(0, ("explorer", self.explorers.shutdown_engine, self.explorers))
         for name, shutdown_engine, group in sides:
             try:
-                shutdown_engine()
+                if not group.stalled:  # a stuck worker would not answer: it is killed
+                    # After a failure, a worker may be stuck without its group knowing yet.
+                    wait = AFTER_FAILURE_SHUTDOWN_S if after_failure else None
+                    shutdown_engine.submit().get(timeout=wait)
             except Exception as error:
                 if not after_failure:
                     raise
@@ -70,7 +77,12 @@ def start(config: TrainerRunConfig) -> Placement:
         ensure_ray(t.ray_address, quiet=log_dir is not None)
     except ConnectionError as error:
         raise ValueError(f"trainer.ray_address={t.ray_address!r}: {error}") from None
-    placement = start_split(config, log_dir) if t.split else start_colocated(config, log_dir)
+    deadlines = Deadlines(t.stall_timeout_s)  # one clock for every group and phase of the run
+    placement = (
+        start_split(config, log_dir, deadlines)
+        if t.split
+        else start_colocated(config, log_dir, deadlines)
+    )
     print_startup_summary(config, placement.facts, log_dir)
     write_resolved_config(config, placement.facts)
     return placement
@@ -93,7 +105,14 @@ def trainer_members(
     return Members(actor=actor, reference=reference, critic=critic, training_workers=workers)
 
 
-def start_colocated(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
+def progress_dir(config: TrainerRunConfig, side: str) -> Path:
+    """Where a group's workers say what they are doing (quoted by a StallError)."""
+    return Path(config.trainer.output_dir) / "logs" / "progress" / side
+
+
+def start_colocated(
+    config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadlines
+) -> Placement:
     c, t = config, config.trainer
     worker_config = c.worker_config()
     cls = create_colocated_worker_cls(
@@ -105,7 +124,14 @@ def start_colocated(config: TrainerRunConfig, log_dir: Path | None) -> Placement
     )
     pool = RayResourcePool(t.process_on_nodes, use_gpu=t.use_gpu)
     print_lines([f"starting {t.num_workers} workers (Ray, FSDP2, vLLM) ..."])
-    group = RayWorkerGroup(pool, cls, ray_address=t.ray_address, log_dir=log_dir)
+    group = RayWorkerGroup(
+        pool,
+        cls,
+        ray_address=t.ray_address,
+        log_dir=log_dir,
+        deadlines=deadlines,
+        progress_dir=progress_dir(c, "workers"),
+    )
     if t.nnodes > 1:
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:
@@ -117,7 +143,7 @@ def start_colocated(config: TrainerRunConfig, log_dir: Path | None) -> Placement
     return Placement(members=members, group=group, facts=facts)
 
 
-def start_split(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
+def start_split(config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadlines) -> Placement:
     c, t = config, config.trainer
     worker_config = c.worker_config()
     print_lines(
@@ -131,6 +157,8 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
         RayClassWithInitArgs(ExplorerWorker, worker_config),
         ray_address=t.ray_address,
         log_dir=None if log_dir is None else Path(log_dir) / "explorer",
+        deadlines=deadlines,
+        progress_dir=progress_dir(c, "explorer"),
     )
     cls = create_colocated_worker_cls(
         {
@@ -145,6 +173,8 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None) -> Placement:
         cls,
         ray_address=t.ray_address,
         log_dir=None if log_dir is None else Path(log_dir) / "trainer",
+        deadlines=deadlines,
+        progress_dir=progress_dir(c, "trainer"),
     )
     if t.nnodes > 1:  # the trainers' checkpoints and the weight versions need a shared disk
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)

@@ -18,8 +18,9 @@ from typing import Any
 
 import ray
 
+from hybrid.buffer.errors import BufferClosedError
 from hybrid.buffer.experience import ExperienceBufferActor
-from hybrid.controller import WorkerDiedError
+from hybrid.controller import StallError, WorkerDiedError
 from hybrid.data import Batch
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
 from hybrid.trainer.step import StepResult
@@ -147,10 +148,12 @@ class BufferSource:
         reason = f"trainer loop failed: {type(error).__name__}: {error}"
         ray.get(self.sides.sync.stop.remote("trainer", reason))
         ray.get(self.buffer.close.remote(reason))
-        # A dead explorer makes the trainer's next sync or take fail too (a closed connection,
-        # a closed buffer): report the death, which names the explorer, instead.
+        # A dead or stalled explorer makes the trainer's next sync or take fail too (a closed
+        # connection, a closed buffer): report the root cause, which names the explorer.
         if isinstance(error, WorkerDiedError) or self.loop is None or self.loop.ident is None:
             return error
         self.loop.join(timeout=DEATH_GRACE_S)
         died = self.loop.error
-        return died if isinstance(died, WorkerDiedError) else error
+        if isinstance(died, (WorkerDiedError, StallError)) or isinstance(error, BufferClosedError):
+            return died or error
+        return error

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data.batch import Batch
+from hybrid.memory.ledger import process_ledger
 
 RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -81,4 +83,11 @@ class Collective(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def ping(self) -> int:
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pass_boundary_then_sleep(self, boundary: str, seconds: float) -> int:
+        """A worker alive but stuck inside a call, after a named phase boundary."""
+        process_ledger(self.rank).record(boundary)
+        time.sleep(seconds)
         return self.rank

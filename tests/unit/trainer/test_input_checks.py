@@ -47,3 +47,23 @@ def test_a_missing_local_path_is_named_and_a_hub_id_is_left_alone(tmp_path: Path
 def test_reward_settings_out_of_range_name_the_field(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RewardConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value"),
+    [
+        ("trainer", "stall_timeout_s", 0),
+        ("trainer", "stall_timeout_s", -1.0),
+        ("trainer", "stall_timeout_s", float("inf")),
+        ("sync", "timeout_s", float("nan")),
+    ],
+)
+def test_a_deadline_that_is_not_a_positive_number_is_named(
+    section: str, field: str, value: float
+) -> None:
+    """Through the composed config, as `python -m hybrid.main <section>.<field>=...` reads it."""
+    from hybrid.trainer.compose import compose, to_run_config
+
+    cfg = compose("config", [f"{section}.{field}={value}"])
+    with pytest.raises(ValueError, match=rf"{section}\.{field} must be a positive number"):
+        to_run_config(cfg)
