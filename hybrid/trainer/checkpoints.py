@@ -1,14 +1,25 @@
-"""Where checkpoints live, which one a resume picks, and which old ones retention deletes.
+"""Where checkpoints live, which ones are whole, which one a resume picks, and which old ones
+retention deletes.
 
 `<output_dir>/checkpoints/step_<N>` holds the workers' sharded state plus the driver's
-(step, data position). Workers write to a temporary name and rename when complete, so any
-`step_<N>` directory present is whole; a kill mid-save leaves the previous one intact (and a
-`step_<N>.tmp` or `step_<N>.old` directory, which is never counted as a checkpoint).
+(step, data position); PPO's critic keeps its own under `checkpoints/critic/step_<N>`. Workers
+write into `step_<N>.tmp` and rename when done (a `.tmp` or `.old` directory is never a
+checkpoint), but a directory alone does not prove a whole checkpoint: the driver may die after
+the actor's rename and before the LoRA adapter is written, and a user may delete or truncate a
+file later. So the driver's last act of a save is `manifest.json` in `step_<N>`: the step, a
+format version and the size of every file of the checkpoint (the actor's and the critic's),
+written atomically. A checkpoint is *whole* when its manifest exists and every file it lists
+is on disk with that size (`manifest_problem` names the first thing that is not). Bit flips
+inside a file of the right size are not detected: DCP has no checksums to compare against and
+hashing every shard on each resume would cost a full read of the checkpoint.
+
+A resume (`resumable_checkpoint`) takes the newest whole checkpoint and reports each newer
+damaged one with its reason; nothing is deleted for being damaged.
 
 Retention (`trainer.max_checkpoints_to_keep`, like verl's max_actor_ckpt_to_keep): after a
-save completes, the complete checkpoints beyond the newest `keep` are deleted, oldest first.
-The latest (what a resume loads) and the one just written are never deleted, so an old one
-goes only once a newer one is complete.
+save completes, the whole checkpoints beyond the newest `keep` are deleted, oldest first.
+Damaged ones are neither counted nor deleted. The newest whole one (what a resume loads) and
+the one just written are never deleted, so an old one goes only once a newer one is whole.
 
 Across nodes every rank writes its shards under the same path, so the output directory must
 be one that every node sees (a shared file system): `shared_dir_error` says which ranks and
@@ -17,13 +28,25 @@ nodes do not, before any model is built.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1
+"""Bumped when the manifest's layout changes; a reader refuses formats it does not know."""
+
+_MANIFEST_TMP = f"{MANIFEST_FILE}.tmp"
+MISSING_MANIFEST = (
+    f"{MANIFEST_FILE} missing (a save that did not finish, or a checkpoint from before manifests)"
+)
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -31,13 +54,100 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
 
 
 def critic_checkpoint_dir(output_dir: str | Path, step: int) -> Path:
-    """The critic's state of step N: written before the actor's `step_<N>` (whose presence
-    marks the checkpoint complete), under a name no resume mistakes for a checkpoint."""
+    """The critic's state of step N: written before the actor's `step_<N>`, under a name no
+    resume mistakes for a checkpoint; the manifest in `step_<N>` covers it."""
     return Path(output_dir) / "checkpoints" / "critic" / f"step_{step}"
 
 
-def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint, oldest first."""
+# --- the manifest -----------------------------------------------------------------------------
+
+
+def file_sizes(root: Path) -> dict[str, int]:
+    """Every file under `root` as {path relative to root (POSIX): size in bytes}, the manifest
+    itself (and its temporary name) left out."""
+    own = {MANIFEST_FILE, _MANIFEST_TMP}
+    return {
+        path.relative_to(root).as_posix(): path.stat().st_size
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.relative_to(root).as_posix() not in own
+    }
+
+
+def write_manifest(step_dir: Path, step: int, critic_dir: Path | None) -> Path:
+    """Record what `step_dir` (and the critic's `critic_dir`, if the run has one) hold now, in
+    `step_dir/manifest.json`, atomically: a kill leaves either no manifest or the whole one."""
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "step": step,
+        "files": file_sizes(step_dir),
+        "critic_files": None if critic_dir is None else file_sizes(critic_dir),
+    }
+    path = step_dir / MANIFEST_FILE
+    tmp = step_dir / _MANIFEST_TMP
+    with tmp.open("w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    # The rename itself is durable only once the directory entry is on disk.
+    directory = os.open(step_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return path
+
+
+def manifest_problem(step_dir: Path, critic_dir: Path | None) -> str | None:
+    """None if the checkpoint in `step_dir` is whole; else the first reason it is not, short
+    enough for one log line. `critic_dir`: the critic's files are checked too (None: a run
+    without a critic, which does not load them). A manifest that lists no critic files passes
+    here; the resume names the missing critic state as a config mismatch, not as damage."""
+    path = step_dir / MANIFEST_FILE
+    if not path.is_file():
+        return MISSING_MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{MANIFEST_FILE} is not valid JSON"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return f"{MANIFEST_FILE} is not a checkpoint manifest (no 'files' map)"
+    if manifest.get("format") != MANIFEST_FORMAT:
+        return (
+            f"{MANIFEST_FILE} has format {manifest.get('format')!r}; this version reads "
+            f"format {MANIFEST_FORMAT}"
+        )
+    expected_step = _step_of(step_dir)
+    if expected_step is not None and manifest.get("step") != expected_step:
+        return f"{MANIFEST_FILE} is for step {manifest.get('step')!r}, not {expected_step}"
+    problem = _sizes_problem(step_dir, manifest["files"], "file")
+    critic_files = manifest.get("critic_files")
+    if problem is None and critic_dir is not None and isinstance(critic_files, dict):
+        problem = _sizes_problem(critic_dir, critic_files, "critic file")
+    return problem
+
+
+def _sizes_problem(root: Path, sizes: dict[str, object], what: str) -> str | None:
+    for name, size in sorted(sizes.items()):
+        path = root / name
+        if not path.is_file():
+            return f"{what} {name} missing"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{what} {name} is {actual} bytes, the manifest says {size}"
+    return None
+
+
+def _step_of(step_dir: Path) -> int | None:
+    match = _STEP_DIR.match(step_dir.name)
+    return int(match.group(1)) if match else None
+
+
+# --- which checkpoints exist, which are whole ---------------------------------------------------
+
+
+def step_dirs(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every `step_<N>` directory, whole or damaged, oldest first."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -48,16 +158,51 @@ def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     )
 
 
-def latest_checkpoint(output_dir: str | Path) -> tuple[int, Path] | None:
-    found = complete_checkpoints(output_dir)
-    return found[-1] if found else None
+def complete_checkpoints(
+    output_dir: str | Path, needs_critic: bool = False
+) -> list[tuple[int, Path]]:
+    """(step, directory) of every whole checkpoint, oldest first. `needs_critic`: the
+    critic's files count too (a PPO run loads them)."""
+    return [
+        (step, path)
+        for step, path in step_dirs(output_dir)
+        if manifest_problem(path, _critic_of(output_dir, step, needs_critic)) is None
+    ]
+
+
+@dataclass(frozen=True)
+class ResumeChoice:
+    """What `resumable_checkpoint` found."""
+
+    found: tuple[int, Path] | None
+    """(step, directory) of the newest whole checkpoint; None: there is none."""
+    skipped: tuple[tuple[int, str], ...]
+    """(step, reason) of each damaged checkpoint newer than `found`, newest first."""
+
+
+def resumable_checkpoint(output_dir: str | Path, needs_critic: bool) -> ResumeChoice:
+    """The newest whole checkpoint, and the damaged newer ones passed over on the way."""
+    skipped: list[tuple[int, str]] = []
+    for step, path in reversed(step_dirs(output_dir)):
+        problem = manifest_problem(path, _critic_of(output_dir, step, needs_critic))
+        if problem is None:
+            return ResumeChoice((step, path), tuple(skipped))
+        skipped.append((step, problem))
+    return ResumeChoice(None, tuple(skipped))
+
+
+def _critic_of(output_dir: str | Path, step: int, needs_critic: bool) -> Path | None:
+    return critic_checkpoint_dir(output_dir, step) if needs_critic else None
+
+
+# --- retention --------------------------------------------------------------------------------
 
 
 def checkpoints_to_delete(
     complete: Sequence[tuple[int, Path]], keep: int | None, just_saved: int | None = None
 ) -> list[Path]:
     """The directories retention deletes, oldest first: all but the newest `keep` of the
-    complete checkpoints (None: none), never the checkpoint of step `just_saved`."""
+    whole checkpoints `complete` (None: none), never the checkpoint of step `just_saved`."""
     if keep is None:
         return []
     if keep < 1:
@@ -67,9 +212,14 @@ def checkpoints_to_delete(
     return [path for step, path in stale if step != just_saved]
 
 
-def prune_checkpoints(output_dir: str | Path, keep: int | None, just_saved: int) -> list[Path]:
-    """Delete what `checkpoints_to_delete` names under output_dir; returns the deleted dirs."""
-    doomed = checkpoints_to_delete(complete_checkpoints(output_dir), keep, just_saved)
+def prune_checkpoints(
+    output_dir: str | Path, keep: int | None, just_saved: int, needs_critic: bool = False
+) -> list[Path]:
+    """Delete what `checkpoints_to_delete` names among the whole checkpoints under
+    output_dir (and their critic state); returns the deleted dirs. Damaged ones stay: they
+    are the user's to inspect, and the newest whole one is always among the kept."""
+    whole = complete_checkpoints(output_dir, needs_critic) if keep is not None else []
+    doomed = checkpoints_to_delete(whole, keep, just_saved)
     for path in doomed:
         shutil.rmtree(path)
         shutil.rmtree(path.parent / "critic" / path.name, ignore_errors=True)

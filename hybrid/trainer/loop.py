@@ -31,13 +31,15 @@ from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.synchronizer.actor import SynchronizerActor
 from hybrid.trainer import placement
 from hybrid.trainer.checkpoints import (
+    MANIFEST_FILE,
     checkpoint_dir,
     critic_checkpoint_dir,
-    latest_checkpoint,
     prune_checkpoints,
+    resumable_checkpoint,
+    write_manifest,
 )
 from hybrid.trainer.config import TrainerRunConfig, sync_policy
-from hybrid.trainer.metrics import Sinks, make_sinks
+from hybrid.trainer.metrics import Sinks, drop_rows_after, make_sinks
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.publisher import InProcessPublisher, TransportPublisher, WeightPublisher
 from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, RolloutSource
@@ -131,15 +133,18 @@ class Driver:
     def fit(self) -> dict[str, float]:
         c = self.config
         self.start()
-        sinks = make_sinks(
-            c.trainer.loggers,
-            Path(c.trainer.output_dir),
-            c.trainer.total_steps,
-            dataclasses.asdict(c),
-            log_freq=c.trainer.log_freq,
-        )
+        sinks = Sinks([])
         try:
+            # Before the sinks open: a resume takes the rows after its checkpoint out of
+            # metrics.jsonl, which the jsonl sink then appends to.
             self.resume()
+            sinks = make_sinks(
+                c.trainer.loggers,
+                Path(c.trainer.output_dir),
+                c.trainer.total_steps,
+                dataclasses.asdict(c),
+                log_freq=c.trainer.log_freq,
+            )
             metrics = self.run(sinks)
             self.export()
         except BaseException:
@@ -275,29 +280,47 @@ class Driver:
 
     def save(self) -> None:
         """A checkpoint of this step, with the prompt position the source says a resumed run
-        starts from."""
+        starts from; whole once its manifest, written last, is there."""
         out = self.config.trainer.output_dir
         path = checkpoint_dir(out, self.step)
+        critic_dir = critic_checkpoint_dir(out, self.step) if self.critic is not None else None
+        # A step_N of an earlier run (resume=disable, or one resumed before step N) stops
+        # counting as whole before any of its files, the critic's first, is replaced.
+        (path / MANIFEST_FILE).unlink(missing_ok=True)
         extra: dict[str, Any] = {
             "step": self.step,
             "loader": self.source.resume_position(self.step),
         }
         if self.kl_ctrl is not None:
             extra["kl_ctrl"] = self.kl_ctrl.state_dict()
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(critic_checkpoint_dir(out, self.step)))
+        if self.critic is not None and critic_dir is not None:
+            self.critic.save_checkpoint(str(critic_dir))
         self.actor.save_checkpoint(str(path), extra=extra)
         if self.config.model.lora.enabled:  # the adapter alone, in peft's format
             self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
-        # Only now is this checkpoint complete: the older ones beyond the limit may go.
+        write_manifest(path, self.step, critic_dir)
+        # Only now is this checkpoint whole: the older ones beyond the limit may go.
         keep = self.config.trainer.max_checkpoints_to_keep
-        for old in prune_checkpoints(out, keep, self.step):
+        for old in prune_checkpoints(out, keep, self.step, needs_critic=critic_dir is not None):
             logger.info("deleted checkpoint %s (trainer.max_checkpoints_to_keep=%s)", old, keep)
 
     def resume(self) -> None:
+        """resume=auto: continue from the newest whole checkpoint (each damaged newer one
+        named in a warning, none deleted), with metrics.jsonl cut back to its step."""
+        out = self.config.trainer.output_dir
         if self.config.trainer.resume != "auto":
             return
-        found = latest_checkpoint(self.config.trainer.output_dir)
+        choice = resumable_checkpoint(out, needs_critic=self.critic is not None)
+        found = choice.found
+        start = "starting from step 0" if found is None else f"resuming from {found[1].name}"
+        for damaged, reason in choice.skipped:
+            logger.warning(
+                "checkpoint %s is damaged (%s); %s",
+                checkpoint_dir(out, damaged),
+                reason,
+                start,
+            )
+        self.drop_metrics_after(0 if found is None else found[0])
         if found is None:
             return
         step, path = found
@@ -320,3 +343,18 @@ class Driver:
         self.step = int(extra["step"])
         self.loader.load_state_dict(extra["loader"])
         logger.info("resumed from %s at step %d", path, self.step)
+
+    def drop_metrics_after(self, step: int) -> None:
+        """The rows a crashed run logged after the checkpoint this run continues from leave
+        metrics.jsonl (kept aside), so that each step is logged once."""
+        metrics = Path(self.config.trainer.output_dir) / "metrics.jsonl"
+        dropped, aside = drop_rows_after(metrics, step)
+        if dropped:
+            logger.warning(
+                "%s: moved %d rows logged after step %d (by a run that stopped before its next "
+                "checkpoint) to %s; this run logs those steps again",
+                metrics,
+                dropped,
+                step,
+                aside,
+            )

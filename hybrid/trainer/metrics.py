@@ -4,12 +4,17 @@ lives in hybrid/trainer/console.py).
 Namespaces: actor/, rollout/, reward/, response_length/, timing_s/, perf/, memory/, val/.
 `reduce_over_ranks` takes the per-rank dicts a group call returns: memory is reported as the
 max over ranks (the binding one), everything else as the mean.
+
+A resumed run continues `metrics.jsonl` where its checkpoint left it: `drop_rows_after` takes
+out the rows a crashed run logged after that checkpoint (they are kept beside the file), so
+each step appears once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +52,48 @@ class JsonlSink:
 
     def close(self) -> None:
         self._file.close()
+
+
+def split_rows_after(lines: Iterable[str], last_step: int) -> tuple[list[str], list[str]]:
+    """(kept, dropped) lines of a metrics jsonl: kept are the rows of steps <= last_step;
+    dropped the rows after it and any line that is not a row with an integer step (the last
+    write of a killed run, cut short)."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            step = None
+        is_kept = isinstance(step, int) and step <= last_step
+        (kept if is_kept else dropped).append(line if line.endswith("\n") else line + "\n")
+    return kept, dropped
+
+
+def drop_rows_after(path: Path, last_step: int) -> tuple[int, Path | None]:
+    """Take the rows after `last_step` out of the metrics jsonl at `path`, appending them to
+    `<path>.before_resume_<last_step>` first so that nothing is lost; (how many, that file),
+    or (0, None) when there is nothing to drop. Call it before a sink opens `path`."""
+    if not path.is_file():
+        return 0, None
+    with path.open() as f:
+        kept, dropped = split_rows_after(f, last_step)
+    if not dropped:
+        return 0, None
+    aside = path.with_name(f"{path.name}.before_resume_{last_step}")
+    with aside.open("a") as f:  # a second resume at the same step adds to the first's
+        f.writelines(dropped)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(dropped), aside
 
 
 class TensorBoardSink:

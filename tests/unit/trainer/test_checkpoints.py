@@ -1,5 +1,6 @@
-"""Checkpoint retention (trainer.max_checkpoints_to_keep): which complete checkpoints go, on
-every edge of the rule: keep all, keep 1, fewer than the limit, interrupted saves, the latest."""
+"""Checkpoint retention (trainer.max_checkpoints_to_keep): which whole checkpoints go, on
+every edge of the rule: keep all, keep 1, fewer than the limit, interrupted saves, damaged
+checkpoints, the latest. (The manifest itself: test_checkpoints_manifest.py.)"""
 
 from __future__ import annotations
 
@@ -11,17 +12,23 @@ from hybrid.trainer.checkpoints import (
     checkpoint_dir,
     checkpoints_to_delete,
     complete_checkpoints,
-    latest_checkpoint,
+    critic_checkpoint_dir,
     prune_checkpoints,
+    resumable_checkpoint,
+    write_manifest,
 )
 
 pytestmark = pytest.mark.unit
 
 
 def make(root: Path, *names: str) -> None:
+    """Whole checkpoints (or leftovers, by their names): one file and a manifest each."""
     for name in names:
-        (root / "checkpoints" / name).mkdir(parents=True)
-        (root / "checkpoints" / name / "extra.pt").write_bytes(b"x")
+        directory = root / "checkpoints" / name
+        directory.mkdir(parents=True)
+        (directory / "extra.pt").write_bytes(b"x")
+        step = name.removeprefix("step_").split(".")[0]
+        write_manifest(directory, int(step) if step.isdigit() else -1, None)
 
 
 def steps(root: Path) -> list[int]:
@@ -64,7 +71,7 @@ def test_a_limit_below_one_is_an_error() -> None:
 def test_interrupted_and_foreign_directories_are_neither_counted_nor_deleted(
     tmp_path: Path,
 ) -> None:
-    assert complete_checkpoints(tmp_path) == [] and latest_checkpoint(tmp_path) is None
+    assert complete_checkpoints(tmp_path) == []
     # A save killed before its rename leaves step_N.tmp; one killed mid-replace, step_N.old.
     make(tmp_path, "step_1", "step_2", "step_3", "step_4.tmp", "step_2.old", "notes")
     (tmp_path / "checkpoints" / "step_9").write_text("a file, not a checkpoint")
@@ -74,7 +81,6 @@ def test_interrupted_and_foreign_directories_are_neither_counted_nor_deleted(
     assert steps(tmp_path) == [2, 3]
     left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert left == ["notes", "step_2", "step_2.old", "step_3", "step_4.tmp", "step_9"]
-    assert latest_checkpoint(tmp_path) == (3, checkpoint_dir(tmp_path, 3))
 
 
 def test_prune_with_no_limit_or_no_directory_touches_nothing(tmp_path: Path) -> None:
@@ -88,3 +94,38 @@ def test_steps_sort_by_number_not_by_name(tmp_path: Path) -> None:
     make(tmp_path, "step_9", "step_10", "step_100")
     assert steps(tmp_path) == [9, 10, 100]
     assert prune_checkpoints(tmp_path, 2, just_saved=100) == [checkpoint_dir(tmp_path, 9)]
+
+
+def test_a_damaged_newest_is_neither_counted_nor_deleted_and_the_whole_ones_stay(
+    tmp_path: Path,
+) -> None:
+    make(tmp_path, "step_1", "step_2", "step_3")
+    (checkpoint_dir(tmp_path, 3) / "extra.pt").unlink()  # step_3 damaged
+    checkpoint_dir(tmp_path, 4).mkdir()  # step_4: killed before its manifest
+    assert steps(tmp_path) == [1, 2]
+    # keep=1 counts step_1 and step_2 only: step_2, what a resume loads, stays.
+    assert resumable_checkpoint(tmp_path, needs_critic=False).found == (
+        2,
+        checkpoint_dir(tmp_path, 2),
+    )
+    assert prune_checkpoints(tmp_path, 1, just_saved=4) == [checkpoint_dir(tmp_path, 1)]
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step_2", "step_3", "step_4"]
+    # The damaged ones never fill the quota: keep=2 with two damaged newer deletes nothing.
+    assert prune_checkpoints(tmp_path, 2, just_saved=4) == []
+
+
+def test_a_damaged_critic_counts_only_for_a_run_that_loads_it(tmp_path: Path) -> None:
+    for step in (1, 2):
+        critic = critic_checkpoint_dir(tmp_path, step)
+        critic.mkdir(parents=True)
+        (critic / "__0_0.distcp").write_bytes(b"critic")
+        checkpoint_dir(tmp_path, step).mkdir(parents=True)
+        (checkpoint_dir(tmp_path, step) / "extra.pt").write_bytes(b"x")
+        write_manifest(checkpoint_dir(tmp_path, step), step, critic)
+    (critic_checkpoint_dir(tmp_path, 2) / "__0_0.distcp").write_bytes(b"cut")
+    assert [s for s, _ in complete_checkpoints(tmp_path, needs_critic=True)] == [1]
+    assert [s for s, _ in complete_checkpoints(tmp_path, needs_critic=False)] == [1, 2]
+    assert prune_checkpoints(tmp_path, 1, just_saved=2, needs_critic=True) == []
+    assert prune_checkpoints(tmp_path, 1, just_saved=2) == [checkpoint_dir(tmp_path, 1)]
+    assert not critic_checkpoint_dir(tmp_path, 1).exists()  # its critic state went with it

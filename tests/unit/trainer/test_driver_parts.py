@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from hybrid.trainer.balance import balanced_order
-from hybrid.trainer.checkpoints import checkpoint_dir, latest_checkpoint
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.schema import from_dict
 
@@ -25,14 +22,6 @@ def test_balanced_order_is_a_permutation_with_even_token_loads() -> None:
     assert abs(loads[0] - loads[1]) < abs(naive[0] - naive[1])
     with pytest.raises(ValueError, match="do not split into 3 equal partitions"):
         balanced_order(lengths, 3)
-
-
-def test_latest_checkpoint_picks_the_highest_complete_step(tmp_path: Path) -> None:
-    assert latest_checkpoint(tmp_path) is None
-    for step in (2, 10, 3):
-        checkpoint_dir(tmp_path, step).mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step_11.tmp").mkdir()  # an interrupted save
-    assert latest_checkpoint(tmp_path) == (10, checkpoint_dir(tmp_path, 10))
 
 
 def _minimal(**overrides: object) -> dict:
