@@ -29,6 +29,7 @@ from hybrid.workers.config import (
     KlKind,
     ModelConfig,
     RefConfig,
+    RewardModelConfig,
     WorkerSpec,
 )
 
@@ -210,6 +211,9 @@ class RewardConfig:
     every row failed stops the run anyway."""
     error_score: float = 0.0
     """The score of a failed row with on_error=score."""
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A reward model (a sequence classifier) whose score joins or replaces the rule reward
+    per data source (docs/reward-models.md); off while its path is null."""
 
     def __post_init__(self) -> None:
         check_choice("reward", "on_error", self.on_error, get_args(OnRewardError))
@@ -633,6 +637,7 @@ class TrainerRunConfig:
             rollout=self.rollout,
             sync=self.sync,
             critic=critic,
+            reward_model=self.reward.model,
             derived=self.worker_spec(),
         )
 

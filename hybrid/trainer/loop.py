@@ -40,14 +40,17 @@ from hybrid.trainer.checkpoints import (
 )
 from hybrid.trainer.config import TrainerRunConfig, sync_policy
 from hybrid.trainer.metrics import Sinks, drop_rows_after, make_sinks
+from hybrid.trainer.model_rewards import submit_rewards
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.publisher import InProcessPublisher, TransportPublisher, WeightPublisher
 from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, RolloutSource
 from hybrid.trainer.sources.explorers import ExplorerSide
 from hybrid.trainer.step import StepResult, TrainStep, merge_updates
 from hybrid.trainer.weight_sync import SyncSides, WeightChannel
+from hybrid.workers.config import RewardModelConfig
 from hybrid.workers.critic import check_critic_model
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
+from hybrid.workers.reward_model import check_reward_model
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +58,26 @@ CRITIC_EXPORT_DIR = "hf_critic"
 """Beside hf_model: PPO's critic as a Hugging Face value model."""
 
 
-def check_data_sources(*datasets: PromptDataset | None) -> None:
-    """Every row needs a reward function: fail before any worker starts, naming the row."""
+def check_data_sources(
+    *datasets: PromptDataset | None, reward_model: RewardModelConfig | None = None
+) -> None:
+    """Every row needs a reward: a built-in rule reward, or the reward model's score alone
+    (reward.model.combine is `replace` for its data source). Fail before any worker starts,
+    naming the row."""
+
+    def replaced(source: str) -> bool:
+        return reward_model is not None and (
+            reward_model.enabled and reward_model.combine_for(source) == "replace"
+        )
+
     for dataset in datasets:
         for row in dataset.rows if dataset is not None else []:
-            if row.data_source not in BUILTIN_REWARDS:
+            if row.data_source not in BUILTIN_REWARDS and not replaced(row.data_source):
                 raise ValueError(
                     f"{row.source}: data_source {row.data_source!r} has no built-in reward "
-                    f"(known: {sorted(BUILTIN_REWARDS)}); set reward.custom_path to a file with compute_score"
+                    f"(known: {sorted(BUILTIN_REWARDS)}); set reward.custom_path to a file with "
+                    "compute_score, or score it by a reward model alone (reward.model.path with "
+                    f"reward.model.combine_by_source={{{row.data_source}: replace}})"
                 )
 
 
@@ -105,7 +120,7 @@ class Driver:
             else None
         )
         if custom is None:
-            check_data_sources(self.train_data, self.val_data)
+            check_data_sources(self.train_data, self.val_data, reward_model=c.reward.model)
         r = c.reward
         self.rewards = RewardManager(
             custom,
@@ -116,6 +131,8 @@ class Driver:
         )
         if c.use_critic:
             check_critic_model(c.critic.model.path or c.model.path, c.model.path)
+        if c.reward.model.enabled:
+            check_reward_model(c.reward.model)
         a = c.algorithm
         self.kl_ctrl: KLController | None = (
             make_kl_controller(
@@ -253,11 +270,23 @@ class Driver:
         size = self.config.data.val_batch_size
         batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
         scores = []
+        members, rules = self.workers.members, []
         for batch in batches.validation_batches(size):
-            batch_scores, _ = self.rewards.score(self.source.generate_greedy(batch))
-            scores.append(batch_scores)
+            rollout = self.source.generate_greedy(batch)
+            # Combined with the reward model's scores as in training.
+            pending = submit_rewards(
+                self.config.reward, self.rewards, members.reward_model, rollout
+            )
+            scores.append(pending.result()[0])
+            assert pending.rule_scores is not None
+            rules.append(pending.rule_scores)
         joined = torch.cat(scores)
-        return {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+        metrics = {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+        rule = torch.cat(rules)
+        if members.reward_model is not None and not rule.isnan().all():
+            # The rule's verdict on the same answers: what the reward model's scores are worth.
+            metrics["val/rule_mean"] = float(rule[~rule.isnan()].mean())
+        return metrics
 
     def log_memory(self, step: int) -> None:
         """Drain every worker's memory ledger; append it to memory.jsonl when due."""

@@ -33,6 +33,7 @@ from hybrid.trainer.step import Members
 from hybrid.workers.actor_rollout import ActorRolloutWorker
 from hybrid.workers.critic import CriticWorker
 from hybrid.workers.ref import ReferenceWorker
+from hybrid.workers.reward_model import RewardModelWorker
 from hybrid.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,16 @@ def trainer_members(
     critic = views["critic"] if c.use_critic else None
     if critic is not None:
         critic.init_model()
-    return Members(actor=actor, reference=reference, critic=critic, training_workers=workers)
+    reward_model = views["reward_model"] if c.reward.model.enabled else None
+    if reward_model is not None:
+        reward_model.init_model()
+    return Members(
+        actor=actor,
+        reference=reference,
+        critic=critic,
+        training_workers=workers,
+        reward_model=reward_model,
+    )
 
 
 def progress_dir(config: TrainerRunConfig, side: str) -> Path:
@@ -120,6 +130,7 @@ def start_colocated(
             "actor_rollout": RayClassWithInitArgs(ActorRolloutWorker, worker_config),
             "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
             "critic": RayClassWithInitArgs(CriticWorker, worker_config),
+            "reward_model": RayClassWithInitArgs(RewardModelWorker, worker_config),
         }
     )
     pool = RayResourcePool(t.process_on_nodes, use_gpu=t.use_gpu)
@@ -136,7 +147,7 @@ def start_colocated(
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:
             raise ValueError(unshared)
-    views = group.spawn(prefix_set={"actor_rollout", "ref", "critic"})
+    views = group.spawn(prefix_set={"actor_rollout", "ref", "critic", "reward_model"})
     views["actor_rollout"].init_model()
     facts = dict(views["actor_rollout"].describe()[0])
     members = trainer_members(c, views, "actor_rollout", t.num_workers)
@@ -166,6 +177,7 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadl
             "trainer": RayClassWithInitArgs(TrainerWorker, worker_config),
             "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
             "critic": RayClassWithInitArgs(CriticWorker, worker_config),
+            "reward_model": RayClassWithInitArgs(RewardModelWorker, worker_config),
         }
     )
     group = RayWorkerGroup(
@@ -180,8 +192,9 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadl
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:
             raise ValueError(unshared)
-    # The reference and PPO's critic live with the trainer group: they serve the update.
-    views = group.spawn(prefix_set={"trainer", "ref", "critic"})
+    # The reference, PPO's critic and the reward model live with the trainer group: they
+    # serve the update.
+    views = group.spawn(prefix_set={"trainer", "ref", "critic", "reward_model"})
     engines = explorers.init_engine.submit()  # the explorers start while the trainers do
     views["trainer"].init_model()
     members = trainer_members(c, views, "trainer", t.num_trainer_workers)

@@ -35,6 +35,7 @@ from hybrid.rewards.manager import RewardManager
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.metrics import reduce_over_ranks
+from hybrid.trainer.model_rewards import submit_rewards
 
 STEP_KEYS = frozenset(
     {
@@ -83,6 +84,8 @@ class Members:
     critic: WorkerGroupView | None
     training_workers: int
     """Ranks the actor's batch is split over (for balancing and throughput)."""
+    reward_model: WorkerGroupView | None = None
+    """The reward model's scores (reward.model.path set), else None."""
 
 
 @dataclass
@@ -174,10 +177,11 @@ class TrainStep:
     # --- scoring ----------------------------------------------------------------------------
 
     def score(self, rollout: Batch) -> tuple[Batch, dict[str, float]]:
-        """The rewards (in the reward processes) overlap the workers' passes."""
+        """The rewards (in the reward processes; the reward model's pass queued first on the
+        workers) overlap the workers' other passes."""
         c, m = self.config, self.members
         started = time.perf_counter()
-        rewards = self.rewards.submit(rollout)
+        rewards = submit_rewards(c.reward, self.rewards, m.reward_model, rollout)
         futures = [
             m.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
             None if c.on_policy_update else m.actor.compute_log_prob.submit(rollout),

@@ -28,10 +28,12 @@ that the workers receive beside the user's config (`HybridWorkerConfig.derived`)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
 from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoice, Hardware
+from hybrid.rewards.model_score import COMBINE_CHOICES, Combine
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.validation import check_choice, check_positive, check_range
@@ -360,6 +362,79 @@ class CriticConfig(MicroBatching):
 
 
 @dataclass(frozen=True)
+class RewardModelConfig:
+    """A discriminative reward model (`reward.model`): a Hugging Face sequence classifier with
+    one label, a WorkerDict member beside the reference (hybrid/workers/reward_model.py). It
+    reads each row as text in its own tokenizer and chat template; its score joins the rule
+    reward per data source (hybrid/rewards/model_score.py; docs/reward-models.md)."""
+
+    path: str | None = None
+    """Hugging Face directory of an AutoModelForSequenceClassification checkpoint with
+    num_labels=1 (config.json names a *ForSequenceClassification architecture); null: no
+    reward model."""
+    tokenizer_path: str | None = None
+    """Where its tokenizer (and chat template) is read from; null: `path` itself, which must
+    then hold tokenizer files. Set it (e.g. to model.path) for a reward model that reads the
+    policy's tokens; its vocabulary must then cover that tokenizer's ids."""
+    combine: Combine = "sum"
+    """How its score joins the rule reward: sum (rule + coef x score) or replace (coef x
+    score; the data source then needs no rule reward)."""
+    combine_by_source: dict[str, Combine] | None = None
+    """Per data source overrides of `combine`, e.g. {gsm8k: sum, chat: replace}; sources that
+    no row carries are ignored. null: `combine` for every source (a mapping, not {}: Hydra
+    lets a command line replace a null with a mapping, not add keys to an empty one)."""
+    coef: float = 1.0
+    """Scale of the model's score in the reward (a finite number, not 0)."""
+    micro_batch_size: int = 8
+    """Rows per forward pass on each rank."""
+    max_length: int = 1024
+    """Most tokens (prompt + response, in its tokenizer) it reads per row; a longer row loses
+    tokens from the left of its prompt, counted in reward/model_truncated."""
+    precision: ForwardPrecisionConfig = field(default_factory=ForwardPrecisionConfig)
+    """The dtype it is stored and computed in."""
+    offload: ParamOffloadConfig = field(default_factory=ParamOffloadConfig)
+    """Its weights on CPU outside its pass (CUDA only; no-op on CPU), like the reference's."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    def combine_for(self, data_source: str) -> Combine:
+        return (self.combine_by_source or {}).get(data_source, self.combine)
+
+    def __post_init__(self) -> None:
+        owner = "reward.model"
+        if self.path is not None and not self.path.strip():
+            raise ValueError(f"{owner}.path is empty: a model directory, or null for none")
+        check_choice(owner, "combine", self.combine, COMBINE_CHOICES)
+        by_source = self.combine_by_source
+        if by_source is not None and not isinstance(by_source, dict):
+            raise ValueError(
+                f"{owner}.combine_by_source must map data sources to one of "
+                f"{list(COMBINE_CHOICES)}, got {by_source!r}"
+            )
+        for source, mode in (by_source or {}).items():
+            check_choice(f"{owner}.combine_by_source", str(source), mode, COMBINE_CHOICES)
+        if not math.isfinite(self.coef) or self.coef == 0:
+            raise ValueError(f"{owner}.coef must be a finite number other than 0, got {self.coef}")
+        check_positive(owner, micro_batch_size=self.micro_batch_size, max_length=self.max_length)
+        self.precision.check(f"{owner}.precision")
+        if self.path is None:
+            # Settings that change what the reward is: without a model they would do nothing.
+            given = {
+                "tokenizer_path": self.tokenizer_path is not None,
+                "combine": self.combine != "sum",
+                "combine_by_source": bool(self.combine_by_source),
+            }
+            changed = [name for name, set_ in given.items() if set_]
+            if changed:
+                raise ValueError(
+                    f"{owner}.path is null (no reward model) but {owner}.{changed[0]} is set: "
+                    f"set {owner}.path to a sequence-classification model, or drop the setting"
+                )
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     """What the trainer derives from the run's config for the workers
     (`TrainerRunConfig.worker_config()`): computed, never set by a user."""
@@ -406,6 +481,8 @@ class HybridWorkerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """reward.model: the reward model member reads it (off unless its path is set)."""
     derived: WorkerSpec = field(default_factory=WorkerSpec)
     """What the trainer derived for the workers (the whole local batch, no correction when
     built by hand)."""

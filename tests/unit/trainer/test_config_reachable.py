@@ -35,6 +35,10 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "trainer.memory_snapshot_step": ("trainer.use_gpu=true",),
     "trainer.nnodes": ("trainer.num_workers=4",),
     "trainer.critic_warmup": ("algorithm.adv_estimator=gae",),
+    # The reward model's settings are refused without a reward model.
+    "reward.model.tokenizer_path": ("reward.model.path=some/rm",),
+    "reward.model.combine": ("reward.model.path=some/rm",),
+    "reward.model.combine_by_source": ("reward.model.path=some/rm",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {
@@ -42,6 +46,7 @@ VALUES: dict[str, Any] = {
     "data.max_prompt_length": 8,
     "model.lora.target_modules": ("q_proj", "v_proj"),
     "model.path": "some/model",
+    "reward.model.combine_by_source": {"chat": "replace"},
     "trainer.n_gpus_per_node": 2,
     "trainer.nnodes": 2,
 }
@@ -117,6 +122,8 @@ def as_override_value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{as_override_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
         return "[" + ",".join(as_override_value(v) for v in value) + "]"
     return str(value)

@@ -1,0 +1,100 @@
+"""A batch's rewards: the rule rewards (in the reward processes) and, with reward.model.path
+set, the reward model's scores (on the workers), combined per data source.
+
+`submit_rewards` starts both and returns at once, so the train step overlaps them with the
+workers' other passes; the reward model's pass is queued first on the workers, so the time to
+its result is its own (`timing_s/reward_model`). Validation combines the same way. Without a
+reward model this is the rule rewards alone, their metrics unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import torch
+
+from hybrid.controller import WorkerGroupView
+from hybrid.data import Batch
+from hybrid.rewards.manager import RewardManager
+from hybrid.rewards.model_score import (
+    Combine,
+    combine_modes,
+    combine_scores,
+    combined_metrics,
+    rule_rows,
+    scatter_rule_scores,
+)
+from hybrid.rewards.registry import BUILTIN_REWARDS
+from hybrid.trainer.config import RewardConfig
+from hybrid.workers.config import RewardModelConfig
+
+RuleResult = Future[tuple[torch.Tensor, dict[str, float]]]
+RULE_SUMMARY = ("reward/mean", "reward/max", "reward/min")
+"""The rule rewards' own summary: with a reward model these describe the combined reward."""
+
+
+class PendingRewards:
+    """The rewards of one batch, being computed; `result()` waits for them."""
+
+    def __init__(
+        self,
+        rows: int,
+        rule: RuleResult | None,
+        rule_at: list[int],
+        model: Callable[[], Batch] | None,
+        config: RewardModelConfig,
+        modes: list[Combine],
+        started: float,
+    ) -> None:
+        self.rows, self.rule, self.rule_at, self.model = rows, rule, rule_at, model
+        self.config, self.modes, self.started = config, modes, started
+        self.rule_scores: torch.Tensor | None = None
+        """After `result()`: each row's rule score, NaN where it has none."""
+
+    def result(self) -> tuple[torch.Tensor, dict[str, float]]:
+        """(scores (b,) float32, reward/ metrics)."""
+        if self.model is None:
+            assert self.rule is not None
+            scores, metrics = self.rule.result()
+            self.rule_scores = scores
+            return scores, metrics
+        scored = self.model()
+        model_seconds = time.perf_counter() - self.started
+        rule_metrics: dict[str, float] = {}
+        rule_scores = torch.zeros(0)
+        if self.rule is not None:
+            rule_scores, rule_metrics = self.rule.result()
+        rule = self.rule_scores = scatter_rule_scores(self.rows, self.rule_at, rule_scores)
+        model, truncated = scored.tensors["rm_scores"].float(), scored.tensors["rm_truncated"]
+        combined = combine_scores(rule, model, self.modes, self.config.coef)
+        metrics = {k: v for k, v in rule_metrics.items() if k not in RULE_SUMMARY}
+        metrics.update(combined_metrics(rule, model, combined, truncated))
+        metrics["timing_s/reward_model"] = model_seconds
+        return combined, metrics
+
+
+def has_rule_reward(reward: RewardConfig, data_source: str) -> bool:
+    """A rule reward exists for `data_source`: a custom function takes every row, else the
+    built-in of that name."""
+    return reward.custom_path is not None or data_source in BUILTIN_REWARDS
+
+
+def submit_rewards(
+    reward: RewardConfig, rules: RewardManager, reward_model: WorkerGroupView | None, batch: Batch
+) -> PendingRewards:
+    """Start the rewards of `batch`: the rule rewards of the rows that have one (for a
+    `replace` row only reported), the reward model's scores of every row."""
+    started = time.perf_counter()
+    config = reward.model
+    if not config.enabled:
+        return PendingRewards(len(batch), rules.submit(batch), [], None, config, [], started)
+    if reward_model is None:
+        raise RuntimeError("reward.model.path is set but no reward model member was started")
+    sources = [str(s) for s in batch.non_tensors["data_source"]]
+    modes = combine_modes(sources, config.combine, config.combine_by_source or {})
+    scored = reward_model.compute_rm_score.submit(batch)
+    at = rule_rows(sources, modes, lambda source: has_rule_reward(reward, source))
+    rule = rules.submit(batch if len(at) == len(batch) else batch[at]) if at else None
+    return PendingRewards(len(batch), rule, at, scored.get, config, modes, started)

@@ -1,0 +1,115 @@
+"""What a reward model reads: the policy's rows as text, re-tokenized in the reward model's
+own tokenizer, and packed or padded for its forward pass.
+
+A row's text comes from the policy's tokens, decoded with the policy's tokenizer (special
+tokens dropped): the response always; the prompt as the dataset's user message (`raw_prompt`)
+when the batch carries it and the reward model's tokenizer has a chat template, which then
+renders [user, assistant]. Without a chat template the text is the decoded prompt (as the
+policy saw it) followed by the response. A row longer than `max_length` tokens keeps its last
+`max_length`: the cut falls on the left, in the prompt, and the row is counted.
+
+Shapes: b rows; packed input_ids / position_ids (1, T), padded (b, L); last (b,) the index, in
+the flattened input, of each row's last token, where the score is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybrid.data import Batch
+
+
+def prompt_texts(batch: Batch, tokenizer: Any) -> list[str]:
+    """Each row's prompt tokens (attention-masked, so no padding) decoded by the policy's
+    tokenizer."""
+    t = batch.tensors
+    width = t["input_ids"].shape[1] - t["responses"].shape[1]
+    prompts, mask = t["input_ids"][:, :width], t["attention_mask"][:, :width].bool()
+    return [
+        tokenizer.decode(prompts[row][mask[row]].tolist(), skip_special_tokens=True)
+        for row in range(len(batch))
+    ]
+
+
+def response_texts(batch: Batch, tokenizer: Any) -> list[str]:
+    """Each row's sampled tokens decoded by the policy's tokenizer (special tokens, the end
+    of turn among them, dropped: the reward model's template adds its own)."""
+    responses, mask = batch.tensors["responses"], batch.tensors["response_mask"].bool()
+    return [
+        tokenizer.decode(responses[row][mask[row]].tolist(), skip_special_tokens=True)
+        for row in range(len(batch))
+    ]
+
+
+def render_texts(batch: Batch, policy_tokenizer: Any, rm_tokenizer: Any) -> list[str]:
+    """The text the reward model reads for each row (see the module docstring)."""
+    responses = response_texts(batch, policy_tokenizer)
+    if getattr(rm_tokenizer, "chat_template", None):
+        if "raw_prompt" in batch.non_tensors:
+            users = [str(text) for text in batch.non_tensors["raw_prompt"]]
+        else:
+            users = prompt_texts(batch, policy_tokenizer)
+        return [
+            rm_tokenizer.apply_chat_template(
+                [{"role": "user", "content": user}, {"role": "assistant", "content": response}],
+                tokenize=False,
+            )
+            for user, response in zip(users, responses, strict=True)
+        ]
+    prompts = prompt_texts(batch, policy_tokenizer)
+    return [prompt + response for prompt, response in zip(prompts, responses, strict=True)]
+
+
+def encode_texts(
+    texts: list[str], tokenizer: Any, max_length: int, templated: bool
+) -> tuple[list[list[int]], list[bool]]:
+    """Token ids of each text (the last `max_length` of them) and whether it was cut.
+    `templated`: the chat template already wrote the special tokens it wants, so the
+    tokenizer adds none; plain text gets the tokenizer's own (e.g. a BOS)."""
+    ids, truncated = [], []
+    for text in texts:
+        row = list(tokenizer.encode(text, add_special_tokens=not templated))
+        if not row:
+            raise ValueError(f"a row renders to no tokens for the reward model: {text!r:.80}")
+        truncated.append(len(row) > max_length)
+        ids.append(row[-max_length:])
+    return ids, truncated
+
+
+@dataclass(frozen=True)
+class ScoreInputs:
+    input_ids: torch.Tensor  # (1, T) packed or (b, L) padded
+    position_ids: torch.Tensor  # same shape
+    attention_mask: torch.Tensor | None  # (b, L) padded; None packed (positions mark the rows)
+    last: torch.Tensor  # (b,) flattened index of each row's last token
+
+
+def packed(ids: list[list[int]], device: torch.device) -> ScoreInputs:
+    """The rows concatenated into one, positions restarting at 0 for each (the attention
+    kernels keep each row to itself)."""
+    lengths = torch.tensor([len(row) for row in ids])
+    flat = [token for row in ids for token in row]
+    positions = [p for row in ids for p in range(len(row))]
+    return ScoreInputs(
+        input_ids=torch.tensor([flat], dtype=torch.long, device=device),
+        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+        attention_mask=None,
+        last=(lengths.cumsum(0) - 1).to(device),
+    )
+
+
+def padded(ids: list[list[int]], pad_token_id: int, device: torch.device) -> ScoreInputs:
+    """The rows right-padded to the longest, with an attention mask."""
+    width = max(len(row) for row in ids)
+    lengths = torch.tensor([len(row) for row in ids])
+    rows = [row + [pad_token_id] * (width - len(row)) for row in ids]
+    mask = (torch.arange(width) < lengths[:, None]).long()
+    return ScoreInputs(
+        input_ids=torch.tensor(rows, dtype=torch.long, device=device),
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device),
+        attention_mask=mask.to(device),
+        last=(torch.arange(len(ids)) * width + lengths - 1).to(device),
+    )
