@@ -79,11 +79,18 @@ def start(config: TrainerRunConfig) -> Placement:
     except ConnectionError as error:
         raise ValueError(f"trainer.ray_address={t.ray_address!r}: {error}") from None
     deadlines = Deadlines(t.stall_timeout_s)  # one clock for every group and phase of the run
-    placement = (
-        start_split(config, log_dir, deadlines)
-        if t.split
-        else start_colocated(config, log_dir, deadlines)
-    )
+    started: list[RayWorkerGroup] = []
+    try:
+        placement = (
+            start_split(config, log_dir, deadlines, started)
+            if t.split
+            else start_colocated(config, log_dir, deadlines, started)
+        )
+    except BaseException:
+        # A start that failed or stalled part-way leaves no worker running.
+        for group in started:
+            group.shutdown()
+        raise
     print_startup_summary(config, placement.facts, log_dir)
     write_resolved_config(config, placement.facts)
     return placement
@@ -121,8 +128,12 @@ def progress_dir(config: TrainerRunConfig, side: str) -> Path:
 
 
 def start_colocated(
-    config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadlines
+    config: TrainerRunConfig,
+    log_dir: Path | None,
+    deadlines: Deadlines,
+    started: list[RayWorkerGroup],
 ) -> Placement:
+    """`started` gets the group as soon as it exists (the caller stops it on a failure)."""
     c, t = config, config.trainer
     worker_config = c.worker_config()
     cls = create_colocated_worker_cls(
@@ -143,6 +154,7 @@ def start_colocated(
         deadlines=deadlines,
         progress_dir=progress_dir(c, "workers"),
     )
+    started.append(group)
     if t.nnodes > 1:
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:
@@ -154,7 +166,13 @@ def start_colocated(
     return Placement(members=members, group=group, facts=facts)
 
 
-def start_split(config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadlines) -> Placement:
+def start_split(
+    config: TrainerRunConfig,
+    log_dir: Path | None,
+    deadlines: Deadlines,
+    started: list[RayWorkerGroup],
+) -> Placement:
+    """`started` gets each group as soon as it exists (the caller stops them on a failure)."""
     c, t = config, config.trainer
     worker_config = c.worker_config()
     print_lines(
@@ -171,6 +189,7 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadl
         deadlines=deadlines,
         progress_dir=progress_dir(c, "explorer"),
     )
+    started.append(explorers)
     cls = create_colocated_worker_cls(
         {
             # "trainer": the name errors from this member carry (trainer.<method> failed).
@@ -188,6 +207,7 @@ def start_split(config: TrainerRunConfig, log_dir: Path | None, deadlines: Deadl
         deadlines=deadlines,
         progress_dir=progress_dir(c, "trainer"),
     )
+    started.append(group)
     if t.nnodes > 1:  # the trainers' checkpoints and the weight versions need a shared disk
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:

@@ -18,8 +18,9 @@ from hybrid.controller import (
     RayWorkerGroup,
     StallError,
 )
+from hybrid.controller.progress import read_progress
 from hybrid.controller.stall import process_state
-from tests.integration.controller.workers import Collective
+from tests.integration.controller.workers import Collective, SlowStart
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -86,4 +87,22 @@ def test_a_worker_stuck_inside_a_call_names_its_last_boundary(
     finally:
         pids = list(group.watch.local_pids.values()) if group.watch else []
         group.shutdown()
+    assert wait_gone(pids, within_s=30) == []
+
+
+def test_a_member_that_never_finishes_starting_stalls_the_group_and_is_killed(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(StallError) as info:
+        RayWorkerGroup(
+            RayResourcePool([2]),
+            RayClassWithInitArgs(SlowStart),
+            deadlines=Deadlines(1.0),
+            progress_dir=tmp_path,
+        )
+    assert 3.0 <= time.monotonic() - started < 3.0 + 10  # a first call: 3 x the floor
+    assert info.value.phase == "SlowStart.__init__" and info.value.ranks == [0, 1]
+    pids = [seen.pid for rank in (0, 1) if (seen := read_progress(tmp_path, rank))]
+    assert len(pids) == 2
     assert wait_gone(pids, within_s=30) == []

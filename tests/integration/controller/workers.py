@@ -91,3 +91,11 @@ class Collective(Worker):
         process_ledger(self.rank).record(boundary)
         time.sleep(seconds)
         return self.rank
+
+
+class SlowStart(Worker):
+    """A member whose construction never finishes (a hung model load, a rendezvous nobody
+    joins)."""
+
+    def __init__(self) -> None:
+        time.sleep(600)
