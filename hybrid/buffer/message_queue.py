@@ -114,29 +114,42 @@ class MessageQueue:
             self._trained_at[version] = self._trained
             self._cond.notify_all()
 
-    def take(self, num_groups: int, trainer_version: int, timeout_s: float) -> list[Sample] | None:
-        """The `num_groups` oldest-completed groups the trainer at `trainer_version` may train,
-        concatenated; stale groups met on the way are dropped and counted. None when that many
-        did not arrive within `timeout_s` (the caller looks at other things and asks again)."""
-        if num_groups < 1:
-            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    def take(
+        self,
+        num_groups: int,
+        trainer_version: int,
+        timeout_s: float,
+        min_groups: int | None = None,
+    ) -> list[Sample] | None:
+        """The oldest-completed groups the trainer at `trainer_version` may train, concatenated:
+        `num_groups` of them, or with `min_groups` as many as are there up to `num_groups` once
+        at least `min_groups` are (the trainer scores groups as they come); stale groups met on
+        the way are dropped and counted. None when not enough arrived within `timeout_s` (the
+        caller looks at other things and asks again)."""
+        least = num_groups if min_groups is None else min_groups
+        if not 1 <= least <= num_groups:
+            raise ValueError(
+                f"need 1 <= min_groups <= num_groups, got min_groups={min_groups}, "
+                f"num_groups={num_groups}"
+            )
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
                 self._raise_if_closed()
                 self._drop_stale(trainer_version)
-                if len(self._groups) >= num_groups:
+                if len(self._groups) >= least:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+            count = min(num_groups, len(self._groups))
             taken: list[Sample] = []
-            for _ in range(num_groups):
+            for _ in range(count):
                 group = self._groups.popleft()
                 self._taken_lags.append(trainer_version - _oldest(group))
                 taken.extend(group)
-            self._trained += num_groups
+            self._trained += count
             self._cond.notify_all()
             return taken
 

@@ -4,7 +4,8 @@ Reads the non-tensor columns `response_text`, `data_source`, `ground_truth` and,
 `extra_info` and `uid`. Each row is one call of the reward function: in a `RewardPool` of
 worker processes under a per-call deadline (`num_workers >= 1`, the trainer's default), or
 inline on the calling thread with no deadline (`num_workers=0`). `submit` starts scoring and
-returns at once, so the caller overlaps it with other work (the trainer: the workers' passes).
+returns at once, so the caller overlaps it with other work (the trainer: the workers' passes);
+`stream` scores a batch whose rows arrive in parts, each part as soon as it is there.
 
 A row fails when its call times out, raises, returns NaN or inf, or returns something that is
 neither a number nor a dict with a numeric 'score' (ERROR_KINDS). `on_error` says what then:
@@ -71,7 +72,12 @@ class RewardManager:
     def submit(self, batch: Batch) -> Future[tuple[torch.Tensor, dict[str, float]]]:
         """Start scoring `batch`; the future gives `score`'s result (or raises its error)."""
         calls = _calls(batch)  # missing columns fail here, on the caller's thread
-        return self._runner.submit(self._score_calls, batch, calls)
+        return self._runner.submit(lambda: self._summarise(batch, self._outcomes(calls)))
+
+    def stream(self) -> RewardStream:
+        """Scoring of a batch that arrives in parts: each part starts as soon as it is added
+        (fully_async: groups as they leave the queue, while others still generate)."""
+        return RewardStream(self)
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Returns (scores (batch,) float32, metrics: reward/mean, max, min, errors, errors/<kind>
@@ -86,13 +92,14 @@ class RewardManager:
         if self.pool is not None:
             self.pool.close()
 
-    def _score_calls(
-        self, batch: Batch, calls: list[tuple]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    def _outcomes(self, calls: list[tuple]) -> list[Outcome]:
         if self.pool is not None:
-            outcomes = self.pool.map(calls)
-        else:
-            outcomes = [call(self.reward_fn, args) for args in calls]  # what a worker does
+            return self.pool.map(calls)
+        return [call(self.reward_fn, args) for args in calls]  # what a worker does
+
+    def _summarise(
+        self, batch: Batch, outcomes: list[Outcome]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         failed = [row for row, outcome in enumerate(outcomes) if outcome[0] != "ok"]
         if failed:
             self._handle_failures(batch, outcomes, failed)
@@ -135,6 +142,33 @@ class RewardManager:
             self.error_score,
             count,
         )
+
+
+class RewardStream:
+    """One batch's scores, its rows added part by part (`add`, in row order); `result()` waits
+    for every part and gives what `RewardManager.score` gives for the parts concatenated: the
+    failure rules (which row is named, "every row failed") apply to the whole batch."""
+
+    def __init__(self, manager: RewardManager) -> None:
+        self._manager = manager
+        self._parts: list[Batch] = []
+        self._outcomes: list[Future[list[Outcome]]] = []
+
+    def add(self, part: Batch) -> None:
+        calls = _calls(part)
+        self._parts.append(part)
+        self._outcomes.append(self._manager._runner.submit(self._manager._outcomes, calls))
+
+    @property
+    def num_parts(self) -> int:
+        return len(self._parts)
+
+    def result(self) -> tuple[torch.Tensor, dict[str, float]]:
+        if not self._parts:
+            raise ValueError("RewardStream.result: no rows were added")
+        outcomes = [outcome for part in self._outcomes for outcome in part.result()]
+        whole = self._parts[0] if len(self._parts) == 1 else Batch.concat(self._parts)
+        return self._manager._summarise(whole, outcomes)
 
 
 def _calls(batch: Batch) -> list[tuple]:

@@ -82,7 +82,11 @@ def check_data_sources(
 
 
 def assemble(
-    config: TrainerRunConfig, workers: placement.Placement, feed: PromptFeed, pad_token_id: int
+    config: TrainerRunConfig,
+    workers: placement.Placement,
+    feed: PromptFeed,
+    pad_token_id: int,
+    rewards: RewardManager,
 ) -> tuple[RolloutSource, WeightPublisher]:
     """The source and the publisher of trainer.mode (the one place the mode is read after
     the workers started)."""
@@ -97,7 +101,10 @@ def assemble(
     channel.connect()
     sides = SyncSides(sync_policy(c.sync), channel, synchronizer, c.trainer.total_steps)
     side = ExplorerSide(c, workers.explorers, sides, feed, pad_token_id)
-    source = QueueSource(side) if c.trainer.mode == "fully_async" else BufferSource(side)
+    # The queue hands groups over as they finish: their rule rewards can start at once, unless
+    # a reward model scores the batch too (the train step then combines both).
+    streamed = None if c.reward.model.enabled else rewards
+    source = QueueSource(side, streamed) if c.trainer.mode == "fully_async" else BufferSource(side)
     return source, TransportPublisher(sides, c.trainer.output_dir)
 
 
@@ -189,7 +196,7 @@ class Driver:
         self.feed = PromptFeed(self.loader, c.trainer.seed)
         try:
             self.source, self.publisher = assemble(
-                c, self.workers, self.feed, self.train_data.pad_token_id
+                c, self.workers, self.feed, self.train_data.pad_token_id, self.rewards
             )
         except BaseException:
             self.workers.stop(after_failure=True)
@@ -233,7 +240,16 @@ class Driver:
         for rollout in self.source.batches(self.step):
             # After the first update the actor no longer holds version `trained_on`.
             moved = bool(results)
-            results.append(self.train(rollout, self.step, trained_on, self.source.lag_bound, moved))
+            results.append(
+                self.train(
+                    rollout.batch,
+                    self.step,
+                    trained_on,
+                    self.source.lag_bound,
+                    moved,
+                    rollout.rewards,
+                )
+            )
             self.source.trained(results[-1], trained_on)
         step_s = time.perf_counter() - started
         if snapshot:

@@ -31,7 +31,7 @@ from hybrid.algorithms.off_policy import mask_stale_tokens, version_lag, version
 from hybrid.algorithms.value_loss import explained_variance
 from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
-from hybrid.rewards.manager import RewardManager
+from hybrid.rewards.manager import RewardManager, RewardStream
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.metrics import reduce_over_ranks
@@ -112,11 +112,18 @@ class TrainStep:
         self.kl_ctrl = kl_ctrl
 
     def __call__(
-        self, rollout: Batch, step: int, trained_on: int, lag_bound: int, actor_moved: bool = False
+        self,
+        rollout: Batch,
+        step: int,
+        trained_on: int,
+        lag_bound: int,
+        actor_moved: bool = False,
+        rewards: RewardStream | None = None,
     ) -> StepResult:
         """Score `rollout` and update on it. `trained_on`: the version the actor last published;
         `lag_bound`: the most versions a token may lag (0 colocated); `actor_moved`: the actor
-        has updated since that publish (no token is fresh then)."""
+        has updated since that publish (no token is fresh then); `rewards`: its rule rewards
+        when the source started them already."""
         c = self.config
         mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
         lag = version_lag(versions, mask, trained_on)[mask.bool()]
@@ -131,7 +138,7 @@ class TrainStep:
             fresh = torch.zeros_like(fresh)
         if c.on_policy_update:  # the update's own first pass checks them
             rollout = rollout.union(Batch.from_dict({"fresh_mask": fresh}))
-        rollout, metrics = self.score(rollout)
+        rollout, metrics = self.score(rollout, rewards)
 
         trained = rollout
         if c.algorithm.off_policy_correction == "mask":
@@ -176,12 +183,19 @@ class TrainStep:
 
     # --- scoring ----------------------------------------------------------------------------
 
-    def score(self, rollout: Batch) -> tuple[Batch, dict[str, float]]:
+    def score(
+        self, rollout: Batch, started_rewards: RewardStream | None = None
+    ) -> tuple[Batch, dict[str, float]]:
         """The rewards (in the reward processes; the reward model's pass queued first on the
-        workers) overlap the workers' other passes."""
+        workers) overlap the workers' other passes. `started_rewards`: the rule rewards a
+        source started as the rows arrived (timing_s/reward is then only what is left)."""
         c, m = self.config, self.members
         started = time.perf_counter()
-        rewards = submit_rewards(c.reward, self.rewards, m.reward_model, rollout)
+        rewards = (
+            submit_rewards(c.reward, self.rewards, m.reward_model, rollout)
+            if started_rewards is None
+            else started_rewards
+        )
         futures = [
             m.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
             None if c.on_policy_update else m.actor.compute_log_prob.submit(rollout),

@@ -11,13 +11,25 @@ not know which one it holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from hybrid.data import Batch
+from hybrid.rewards.manager import RewardStream
 from hybrid.trainer.step import StepResult
 
 SOURCE_KEYS = frozenset({"timing_s/gen", "timing_s/trainer_wait"})
 """Keys every source adds to a step's metrics."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One update's rollouts, as a source hands them to the train step."""
+
+    batch: Batch
+    rewards: RewardStream | None = None
+    """Their rule rewards, already being scored (fully_async starts each group's as it leaves
+    the queue); None: the train step starts them."""
 
 
 class RolloutSource(Protocol):
@@ -28,7 +40,7 @@ class RolloutSource(Protocol):
         """Begin producing for the steps after `step` (after the initial weight sync)."""
         ...
 
-    def batches(self, step: int) -> Iterator[Batch]:
+    def batches(self, step: int) -> Iterator[Rollout]:
         """The rollouts train step `step` updates on, one update each, in order (several
         when fully_async takes trigger_parameter_sync_step updates per step)."""
         ...

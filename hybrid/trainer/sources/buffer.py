@@ -22,6 +22,7 @@ from hybrid.buffer.errors import BufferClosedError
 from hybrid.buffer.experience import ExperienceBufferActor
 from hybrid.controller import StallError, WorkerDiedError
 from hybrid.data import Batch
+from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
 from hybrid.trainer.step import StepResult
 
@@ -81,8 +82,8 @@ class BufferSource:
         self.loop = ExplorerLoop(self, step + 1, self.config.trainer.total_steps)
         self.loop.start()
 
-    def batches(self, step: int) -> Iterator[Batch]:
-        yield self.side.to_batch(self.take(step))
+    def batches(self, step: int) -> Iterator[Rollout]:
+        yield Rollout(self.side.to_batch(self.take(step)))
 
     def take(self, step: int) -> list[Any]:
         """The next train batch of whole groups; answers sync requests while it waits."""

@@ -16,6 +16,7 @@ from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
 from hybrid.data.sample import NO_VERSION
 from hybrid.trainer.prompts import PromptFeed
+from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.step import StepResult
 
 
@@ -30,12 +31,12 @@ class ColocatedSource:
     def start(self, step: int) -> None:
         pass  # nothing runs between steps
 
-    def batches(self, step: int) -> Iterator[Batch]:
+    def batches(self, step: int) -> Iterator[Rollout]:
         prompts = self.feed.batch(step)
         started = time.perf_counter()
         rollout = self.actor.generate_sequences(prompts)
         self.rollout_s = time.perf_counter() - started
-        yield with_version(rollout, step - 1)
+        yield Rollout(with_version(rollout, step - 1))
 
     def trained(self, result: StepResult, trained_on: int) -> None:
         pass

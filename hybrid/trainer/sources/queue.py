@@ -4,7 +4,8 @@ generating into the MessageQueue, paced by the staleness rule; the trainer takes
 `trigger_parameter_sync_step` times per train step, after which the next weight version is
 published. The Rollouter picks it up between generation chunks (plan 2, partial rollouts) or
 between whole batches (plan 1). Groups that arrive too stale are dropped by the queue and
-counted.
+counted. The trainer takes groups as they leave the queue, and each group's rule rewards start
+scoring then, while the rest of its batch still generates.
 
 Resuming restarts the Rollouter at the prompt loader's position at the checkpoint: prompts
 that were in flight then (generating or queued) are not replayed, and the log says how many.
@@ -24,6 +25,8 @@ import ray
 from hybrid.buffer.message_queue import MessageQueueActor
 from hybrid.buffer.staleness import production_budget
 from hybrid.data import Batch
+from hybrid.rewards.manager import RewardManager, RewardStream
+from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
 from hybrid.trainer.sources.rollouter import Rollouter
 from hybrid.trainer.step import StepResult
@@ -32,8 +35,12 @@ logger = logging.getLogger(__name__)
 
 
 class QueueSource:
-    def __init__(self, side: ExplorerSide) -> None:
+    def __init__(self, side: ExplorerSide, rewards: RewardManager | None = None) -> None:
+        """`rewards`: score each group's rule rewards as soon as it leaves the queue (None: the
+        train step scores the whole batch, e.g. when a reward model takes part)."""
         self.side = side
+        self.rewards = rewards
+        self.parts_per_update: list[int] = []
         self.config, self.sides, self.feed = side.config, side.sides, side.feed
         config = side.config
         self.lag_bound = config.fully_async.max_version_lag
@@ -64,31 +71,45 @@ class QueueSource:
         )
         self.rollouter.start()
 
-    def batches(self, step: int) -> Iterator[Batch]:
+    def batches(self, step: int) -> Iterator[Rollout]:
         self.wait_s = 0.0
+        self.parts_per_update = []
         for _ in range(self.config.fully_async.trigger_parameter_sync_step):
             started = time.perf_counter()
-            samples = self.take(self.config.groups_per_update, step)
+            parts, rewards = self.take(self.config.groups_per_update, step)
             self.wait_s += time.perf_counter() - started
-            yield self.side.to_batch(samples)
+            self.parts_per_update.append(len(parts))
+            yield Rollout(parts[0] if len(parts) == 1 else Batch.concat(parts), rewards)
 
-    def take(self, groups: int, step: int) -> list[Any]:
+    def take(self, groups: int, step: int) -> tuple[list[Batch], RewardStream | None]:
         """The next `groups` groups the trainer at version step - 1 may train (stale ones are
-        dropped by the queue); fails with the Rollouter's error if it died."""
+        dropped by the queue), as the parts they arrived in; each part's rule rewards start
+        scoring as it arrives, while the rest still generate. Fails with the Rollouter's error
+        if it died."""
         assert self.rollouter is not None
         timeout_s = self.config.sync.timeout_s
-        started = time.perf_counter()
-        while True:
-            samples = ray.get(self.queue.take.remote(groups, step - 1, POLL_S))
+        stream = None if self.rewards is None else self.rewards.stream()
+        parts: list[Batch] = []
+        missing = groups
+        waited_since = time.perf_counter()
+        while missing:
+            samples = ray.get(self.queue.take.remote(missing, step - 1, POLL_S, 1))
             if samples is not None:
-                return list(samples)
+                part = self.side.to_batch(list(samples))
+                if stream is not None:
+                    stream.add(part)
+                parts.append(part)
+                missing -= len(samples) // self.config.rollout.n
+                waited_since = time.perf_counter()
+                continue
             if self.rollouter.error is not None:
                 raise self.rollouter.error
-            if time.perf_counter() - started > timeout_s:
+            if time.perf_counter() - waited_since > timeout_s:
                 raise TimeoutError(
-                    f"trainer step {step}: {groups} groups did not arrive from the "
-                    f"Rollouter within sync.timeout_s={timeout_s}s"
+                    f"trainer step {step}: no group arrived from the Rollouter within "
+                    f"sync.timeout_s={timeout_s}s ({missing} of {groups} still missing)"
                 )
+        return parts, stream
 
     def trained(self, result: StepResult, trained_on: int) -> None:
         pass
@@ -103,6 +124,8 @@ class QueueSource:
             "queue/dropped_stale": float(accounting["dropped"]),
             "queue/in_flight": float(accounting["in_flight"]),
             "timing_s/trainer_wait": self.wait_s,
+            # >1: the groups came in several parts, each scored as it came.
+            "queue/parts_per_update": sum(self.parts_per_update) / len(self.parts_per_update),
         }
 
     def after_step(self, step: int) -> None:

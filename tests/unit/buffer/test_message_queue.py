@@ -132,3 +132,18 @@ def test_a_blocked_take_wakes_on_put_and_on_close() -> None:
     queue.close("explorer died")
     taker.join(timeout=5)
     assert len(errors) == 1 and "explorer died" in str(errors[0])
+
+
+def test_a_take_with_min_groups_returns_what_is_there_up_to_the_number_asked() -> None:
+    queue = MessageQueue(group_size=2, budget=4, max_version_lag=1)
+    assert queue.reserve(4, version=0) == 4
+    queue.put([group("a", [0])])
+    assert queue.take(3, trainer_version=0, timeout_s=0.05) is None  # 3 not there yet
+    first = queue.take(3, trainer_version=0, timeout_s=1, min_groups=1)
+    assert first is not None and [s.uid for s in first] == ["a", "a"]
+    queue.put([group("b", [0]), group("c", [0]), group("d", [0])])
+    rest = queue.take(2, trainer_version=0, timeout_s=1, min_groups=1)  # never more than asked
+    assert rest is not None and [s.uid for s in rest] == ["b", "b", "c", "c"]
+    assert queue.accounting()["trained"] == 3 and queue.depth() == 1
+    with pytest.raises(ValueError, match="min_groups"):
+        queue.take(2, trainer_version=0, timeout_s=1, min_groups=3)

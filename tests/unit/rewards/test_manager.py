@@ -132,3 +132,55 @@ def test_unknown_data_source_counts_as_an_error_row() -> None:
     assert scores.tolist() == [1.0, 0.0]
     assert metrics["reward/errors"] == 1.0
     assert metrics["reward/errors/exception"] == 1.0
+
+
+def test_a_batch_scored_in_parts_gives_what_the_whole_gives() -> None:
+    def scored(data_source: str, solution_str: str, ground_truth: Any, extra: Any) -> Any:
+        if solution_str == "boom":
+            raise RuntimeError("parser exploded")
+        return {"score": float(solution_str == ground_truth), "length": len(solution_str)}
+
+    responses = ["1", "2", "boom", "4", "5", "x"]
+    whole = make_batch(responses, ["1", "0", "3", "4", "0", "x"], ["s"] * 6, uid=list("aabbcc"))
+    manager = RewardManager(scored, on_error="score", error_score=-1.0)
+    stream = manager.stream()
+    for rows in ([0, 1], [2, 3, 4], [5]):
+        stream.add(whole[rows])
+    assert stream.num_parts == 3
+    parts_scores, parts_metrics = stream.result()
+    whole_scores, whole_metrics = manager.score(whole)
+    assert torch.equal(parts_scores, whole_scores)
+    assert parts_scores.tolist() == [1.0, 0.0, -1.0, 1.0, 0.0, 1.0]
+    assert parts_metrics == whole_metrics and parts_metrics["reward/errors"] == 1.0
+    manager.close()
+
+
+def test_in_parts_a_failure_is_named_by_its_row_in_the_whole_batch() -> None:
+    def flaky(data_source: str, solution_str: str, *args: Any) -> float:
+        if solution_str == "boom":
+            raise RuntimeError("parser exploded")
+        return 1.0
+
+    whole = make_batch(["a", "b", "c", "boom"], list("abcd"), ["s"] * 4, uid=list("uuvv"))
+    stream = RewardManager(flaky).stream()
+    stream.add(whole[[0, 1]])
+    stream.add(whole[[2, 3]])
+    with pytest.raises(RewardError, match=r"row 3, uid v \(data_source 's'\): exception"):
+        stream.result()
+
+
+def test_in_parts_every_row_failing_is_judged_over_the_whole_batch() -> None:
+    def picky(data_source: str, solution_str: str, *args: Any) -> float:
+        if solution_str != "ok":
+            raise ValueError("no")
+        return 1.0
+
+    whole = make_batch(["no", "no", "ok"], ["", "", ""], ["s"] * 3)
+    manager = RewardManager(picky, on_error="score")
+    stream = manager.stream()
+    stream.add(whole[[0, 1]])  # this part fails whole, the batch does not
+    stream.add(whole[[2]])
+    scores, metrics = stream.result()
+    assert scores.tolist() == [0.0, 0.0, 1.0] and metrics["reward/errors"] == 2.0
+    with pytest.raises(ValueError, match="no rows were added"):
+        manager.stream().result()
