@@ -22,7 +22,8 @@ class SandboxLimits:
     """Limits of one sandbox run."""
 
     time_s: float = 10.0
-    """Wall time: past it the program's whole process group is killed (SIGKILL)."""
+    """Wall time: past it the program and what it started are killed (SIGKILL; a process that
+    left its session only where there is a PID namespace: hybrid/sandbox/runner.py)."""
     memory_mb: int = 1024
     """Address space (RLIMIT_AS) in MiB; past it allocations fail (Python: MemoryError)."""
     output_bytes: int = 1 << 20
@@ -33,7 +34,8 @@ class SandboxLimits:
     network: Network = "deny"
     """deny: the program runs in its own user and network namespaces, with no interface but a
     downed loopback; where the kernel refuses those, runs fail with `SandboxUnavailable`.
-    allow: no network isolation at all (the host's network, as the caller has it)."""
+    allow: no network isolation at all (the host's network, as the caller has it); user and
+    PID namespaces only where the kernel grants them."""
 
     def __post_init__(self) -> None:
         _check_positive("time_s", self.time_s)

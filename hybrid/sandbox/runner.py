@@ -1,12 +1,14 @@
 """Run a Python source string in a fresh, limited subprocess and collect what it wrote.
 
 Each run gets its own scratch directory (its cwd, HOME and TMPDIR), removed afterwards even
-after a kill. The child is a new session: at the wall-time limit, or as soon as the program
-exits, its whole process group is SIGKILLed, so a background child it started cannot outlive
-it. CPU time, address space, core files and file size are rlimits the child sets on itself
-(hybrid/sandbox/bootstrap.py); with network="deny" it also moves into new user and network
-namespaces. The interpreter runs with -I -S: no user site, no site-packages, no PYTHON*
-variables, so the program sees the standard library only.
+after a kill. The program runs in a PID namespace of its own where the kernel grants one
+(hybrid/sandbox/bootstrap.py): when the run ends, at the wall-time limit or as soon as the
+program exits, everything it started dies with the namespace, even a process that made a
+session of its own (setsid). The child is also a new session whose process group is SIGKILLed
+then; without a PID namespace that is all, and a setsid'd grandchild escapes it. CPU time,
+address space, core files and file size are rlimits the program gets; with network="deny" it
+also runs in new user and network namespaces. The interpreter runs with -I -S: no user site, no
+site-packages, no PYTHON* variables, so the program sees the standard library only.
 
 This guards a training run against mistakes (an infinite loop, a memory hog, an output flood,
 a test that calls out to the network), not against a determined attacker: the program still
@@ -97,6 +99,8 @@ def _run_program(program: Path, limits: SandboxLimits, stdin: str) -> SandboxRes
             assert process.stdout is not None and process.stderr is not None
             process.stdout.close()
             process.stderr.close()
+        # The namespace's init holds STATUS_FD too: reading to its end also waits for the init
+        # to exit, after which the kernel kills what is left in the namespace.
         setup_error = _read_all(status_read)
     finally:
         os.close(status_read)
