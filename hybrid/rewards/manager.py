@@ -2,8 +2,9 @@
 
 Reads the non-tensor columns `response_text`, `data_source`, `ground_truth` and, if present,
 `extra_info` and `uid`. Each row is one call of the reward function: in a `RewardPool` of
-worker processes under a per-call deadline (`num_workers >= 1`, the trainer's default), or
-inline on the calling thread with no deadline (`num_workers=0`). `submit` starts scoring and
+worker processes under a per-call deadline (`num_workers >= 1`, the trainer's default;
+`calls_per_worker` calls at once in each, for functions that wait), or inline on the calling
+thread with no deadline (`num_workers=0`). `submit` starts scoring and
 returns at once, so the caller overlaps it with other work (the trainer: the workers' passes);
 `stream` scores a batch whose rows arrive in parts, each part as soon as it is there.
 
@@ -56,6 +57,7 @@ class RewardManager:
         reward_fn: RewardFn | None = None,
         *,
         num_workers: int = 0,
+        calls_per_worker: int = 1,
         timeout_s: float = 60.0,
         on_error: OnError = "fail",
         error_score: float = 0.0,
@@ -66,7 +68,11 @@ class RewardManager:
             raise ValueError(f"reward.num_workers must be >= 0 (0: inline), got {num_workers}")
         self.reward_fn: RewardFn = compute_score if reward_fn is None else reward_fn
         self.on_error, self.error_score = on_error, error_score
-        self.pool = RewardPool(self.reward_fn, num_workers, timeout_s) if num_workers else None
+        self.pool = (
+            RewardPool(self.reward_fn, num_workers, timeout_s, calls_per_worker)
+            if num_workers
+            else None
+        )
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="rewards")
 
     def submit(self, batch: Batch) -> Future[tuple[torch.Tensor, dict[str, float]]]:

@@ -35,9 +35,11 @@ START_TIMEOUT_S = 120.0
 
 class _Process:
     """One reward process (hybrid/rewards/worker.py) and the rows it was sent and has not
-    answered yet, in order: the first of them is running, since `started`."""
+    answered yet, in the order sent. With concurrency 1 it runs them one after the other (the
+    first is running, since `started`); with more, each row runs from the moment it is sent
+    (the pool sends no more rows than the process has threads)."""
 
-    def __init__(self, fn_bytes: bytes) -> None:
+    def __init__(self, fn_bytes: bytes, concurrency: int = 1) -> None:
         self.scratch = tempfile.mkdtemp(prefix="hybrid-reward-")
         child_in, parent_out = os.pipe()
         parent_in, child_out = os.pipe()
@@ -49,6 +51,7 @@ class _Process:
                 str(child_in),
                 str(child_out),
                 self.scratch,
+                str(concurrency),
             ],
             pass_fds=(child_in, child_out),
             stdin=subprocess.DEVNULL,
@@ -58,7 +61,10 @@ class _Process:
         self.conn = Connection(parent_in, writable=False)
         """What the process sends: `wait` watches it."""
         self._outbox = Connection(parent_out, readable=False)
-        self.rows: deque[tuple[int, tuple]] = deque()
+        self.concurrency = concurrency
+        self.rows: dict[int, tuple] = {}
+        """task -> its call, for the rows sent and not answered, in the order sent."""
+        self._sent_at: dict[int, float] = {}
         self.started = 0.0
         self._outbox.send_bytes(fn_bytes)
 
@@ -82,15 +88,35 @@ class _Process:
     def exit_code(self) -> int | None:
         return self.process.poll()
 
+    def room(self, chunk_size: int) -> int:
+        """How many rows to send it now: a chunk when it is idle (one at a time), else as many
+        as it has free threads."""
+        if self.concurrency == 1:
+            return 0 if self.rows else chunk_size
+        return self.concurrency - len(self.rows)
+
     def send(self, chunk: list[tuple[int, tuple]]) -> None:
-        self.rows.extend(chunk)
-        self.started = time.monotonic()
+        now = time.monotonic()
+        if not self.rows:
+            self.started = now
+        for task, args in chunk:
+            self.rows[task] = args
+            self._sent_at[task] = now
         self._outbox.send(chunk)
 
+    def running(self) -> list[tuple[int, float]]:
+        """(task, since when) of the rows running now."""
+        if self.concurrency == 1:
+            return [(next(iter(self.rows)), self.started)] if self.rows else []
+        return list(self._sent_at.items())
+
     def answered(self, task: int) -> None:
-        """The running row is done: the next one starts now."""
-        assert self.rows and self.rows[0][0] == task, (task, self.rows[0][0])
-        self.rows.popleft()
+        """A row is done (with one thread, the next one starts now)."""
+        assert task in self.rows, (task, list(self.rows))
+        if self.concurrency == 1:
+            assert task == next(iter(self.rows)), (task, list(self.rows))
+        del self.rows[task]
+        del self._sent_at[task]
         self.started = time.monotonic()
 
     def kill(self) -> None:
@@ -116,21 +142,29 @@ class _Process:
 
 
 class RewardPool:
-    """`size` processes calling one reward function; `map` blocks until every call is done or
-    past its deadline. Not thread-safe: one `map` at a time (the manager runs one per step).
+    """`size` processes calling one reward function, each running `concurrency` calls at once
+    (threads; for functions that wait rather than compute); `map` blocks until every call is
+    done or past its deadline. Not thread-safe: one `map` at a time (the manager runs them in
+    turn).
 
-    Rows go out in chunks (one message per chunk, a reply per row): a round trip per row
-    would cost more than a cheap rule reward itself. Each process is sent about a quarter of
-    its share at a time, so a slow row delays few others."""
+    With one call per process, rows go out in chunks (one message per chunk, a reply per row):
+    a round trip per row would cost more than a cheap rule reward itself. Each process is sent
+    about a quarter of its share at a time, so a slow row delays few others. With more, each
+    process gets as many rows as it has free threads.
 
-    def __init__(self, fn: Any, size: int, timeout_s: float) -> None:
+    A call past its deadline kills its process, and with it the other calls that process was
+    running: those go back to the queue, to a fresh process."""
+
+    def __init__(self, fn: Any, size: int, timeout_s: float, concurrency: int = 1) -> None:
         if size < 1:
             raise ValueError(f"reward.num_workers: a pool needs at least 1 process, got {size}")
+        if concurrency < 1:
+            raise ValueError(f"reward.calls_per_worker must be >= 1, got {concurrency}")
         if not timeout_s > 0:
             raise ValueError(
                 f"reward.timeout_s must be a positive number of seconds, got {timeout_s}"
             )
-        self.size, self.timeout_s = size, timeout_s
+        self.size, self.timeout_s, self.concurrency = size, timeout_s, concurrency
         self._fn_bytes = cloudpickle.dumps(fn)
         self._processes: list[_Process] = []
         self.killed = 0
@@ -142,9 +176,9 @@ class RewardPool:
         outcomes: list[Outcome | None] = [None] * len(calls)
         pending = deque(enumerate(calls))
         chunk_size = max(1, len(calls) // (self.size * 4))
+        wanted = min(self.size, -(-len(calls) // self.concurrency))
         started = [
-            _Process(self._fn_bytes)
-            for _ in range(min(self.size, len(calls)) - len(self._processes))
+            _Process(self._fn_bytes, self.concurrency) for _ in range(wanted - len(self._processes))
         ]
         try:
             for worker in started:  # started together, waited for in turn
@@ -159,8 +193,8 @@ class RewardPool:
                 if self._cancelled.is_set():
                     raise RuntimeError("the reward pool was closed while scoring")
                 for worker in self._processes:
-                    if pending and not worker.rows:
-                        count = min(chunk_size, len(pending))
+                    count = min(worker.room(chunk_size), len(pending))
+                    if count > 0:
                         worker.send([pending.popleft() for _ in range(count)])
                 busy = {w.conn: w for w in self._processes if w.rows}
                 for ready in wait(list(busy), timeout=self._next_deadline(busy)):
@@ -169,8 +203,13 @@ class RewardPool:
                         task, outcome = worker.conn.recv()
                     except (EOFError, OSError):  # the process died mid-call (os._exit, a crash)
                         worker.process.wait(timeout=5)  # reap it: its exit code is known then
+                        # Any of its running rows may have done it: none is tried again.
+                        running = [task for task, _ in worker.running()]
                         message = f"the reward process died (exit code {worker.exit_code})"
-                        self._replace(worker, ("exception", message, {}), outcomes, pending)
+                        if len(running) > 1:
+                            message += f" while running {len(running)} calls"
+                        died: Outcome = ("exception", message, {})
+                        self._replace(worker, running, died, outcomes, pending)
                         continue
                     outcomes[task] = outcome
                     worker.answered(task)
@@ -187,35 +226,41 @@ class RewardPool:
     def _replace(
         self,
         worker: _Process,
+        failed: list[int],
         outcome: Outcome,
         outcomes: list[Outcome | None],
         pending: deque[tuple[int, tuple]],
     ) -> None:
-        """`worker`'s running row gets `outcome`; the rows queued behind it go back to the
-        front of `pending`; a fresh process takes its place."""
-        (running, _), *queued = worker.rows
-        outcomes[running] = outcome
+        """The `failed` rows of `worker` get `outcome`; its other rows go back to the front of
+        `pending`, in order; a fresh process takes its place."""
+        for task in failed:
+            outcomes[task] = outcome
+        retried = [(task, args) for task, args in worker.rows.items() if task not in failed]
         worker.kill()
         self._processes.remove(worker)
-        pending.extendleft(reversed(queued))
-        replacement = _Process(self._fn_bytes)
+        pending.extendleft(reversed(retried))
+        replacement = _Process(self._fn_bytes, self.concurrency)
         replacement.wait_ready()
         self._processes.append(replacement)
 
     def _next_deadline(self, busy: dict[Connection, _Process]) -> float:
         """Seconds until the first running row passes its deadline (at most 1: a cancel is
         noticed within a second)."""
-        earliest = min(w.started for w in busy.values()) + self.timeout_s
+        starts = [since for worker in busy.values() for _, since in worker.running()]
+        earliest = min(starts) + self.timeout_s
         return max(0.0, min(earliest - time.monotonic(), 1.0))
 
     def _expire(self, outcomes: list[Outcome | None], pending: deque[tuple[int, tuple]]) -> None:
-        """Kill each process whose running row is past its deadline; the row times out."""
+        """Kill each process with a running row past its deadline; those rows time out."""
         now = time.monotonic()
         for worker in [w for w in self._processes if w.rows]:
-            ran = now - worker.started
-            if ran >= self.timeout_s:
+            late = [(task, now - since) for task, since in worker.running()]
+            late = [(task, ran) for task, ran in late if ran >= self.timeout_s]
+            if late:
+                ran = max(ran for _, ran in late)
                 message = f"no score after {ran:.1f} s (reward.timeout_s={self.timeout_s:g})"
-                self._replace(worker, ("timeout", message, {}), outcomes, pending)
+                failed = [task for task, _ in late]
+                self._replace(worker, failed, ("timeout", message, {}), outcomes, pending)
                 self.killed += 1
 
     def cancel(self) -> None:

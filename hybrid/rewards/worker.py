@@ -5,8 +5,13 @@ spawn re-imports the parent's main module in every child (for `python -m hybrid.
 Ray and the trainer, seconds and hundreds of MB a process). This module imports only the reward
 code. Protocol over two pipes of pickled messages: the function (cloudpickled bytes) in,
 ("ready", "") or ("failed", why) out; then chunks of (task, args) in, one (task, outcome) out
-per row, as soon as it is known. Temporary files go under SCRATCH, which the pool removes with
-the process: a call killed at its deadline cannot clean up after itself (a sandbox's folder).
+per row, as soon as it is known. With CONCURRENCY > 1 the rows run in that many threads at once
+(answers come back out of order): for functions that wait (a remote judge, a sandbox) rather
+than compute, whose waits release the GIL. Temporary files go under SCRATCH, which the pool
+removes with the process: a call killed at its deadline cannot clean up after itself (a
+sandbox's folder).
+
+    python -m hybrid.rewards.worker READ_FD WRITE_FD SCRATCH [CONCURRENCY]
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 import cloudpickle
@@ -39,13 +46,16 @@ def call(fn: object, args: tuple) -> Outcome:
         return ("exception", f"{type(error).__name__}: {error}\n{traceback.format_exc()}", {})
 
 
-def serve(inbox: Connection, outbox: Connection) -> None:
+def serve(inbox: Connection, outbox: Connection, concurrency: int = 1) -> None:
     try:
         fn = cloudpickle.loads(inbox.recv_bytes())
     except Exception as error:  # e.g. the function's module is not importable here
         outbox.send(("failed", f"{type(error).__name__}: {error}"))
         return
     outbox.send(("ready", ""))
+    if concurrency > 1:
+        serve_concurrently(fn, inbox, outbox, concurrency)
+        return
     while True:
         try:
             chunk = inbox.recv()
@@ -55,12 +65,33 @@ def serve(inbox: Connection, outbox: Connection) -> None:
             outbox.send((task, call(fn, args)))
 
 
+def serve_concurrently(fn: object, inbox: Connection, outbox: Connection, threads: int) -> None:
+    """Each row in a thread as soon as it arrives (the pool never sends more than `threads`
+    rows at once), its answer sent when it is known."""
+    sending = threading.Lock()
+
+    def run(task: int, args: tuple) -> None:
+        outcome = call(fn, args)
+        with sending:
+            outbox.send((task, outcome))
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="reward") as calls:
+        while True:
+            try:
+                chunk = inbox.recv()
+            except (EOFError, OSError):  # the pool closed the pipe: done
+                return
+            for task, args in chunk:
+                calls.submit(run, task, args)
+
+
 def main(argv: list[str]) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     read_fd, write_fd, scratch = int(argv[0]), int(argv[1]), argv[2]
+    concurrency = int(argv[3]) if len(argv) > 3 else 1
     os.environ["TMPDIR"] = tempfile.tempdir = scratch  # for this process and its children
-    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False), concurrency)
 
 
 if __name__ == "__main__":

@@ -202,6 +202,10 @@ class RewardConfig:
     """Processes that score rows, each call under `timeout_s` (docs/configuration.md, Rewards).
     None: the cores this machine gives the driver, 2 to 8; 0: inline on the driver, no
     deadline."""
+    calls_per_worker: int = 1
+    """Calls each reward process runs at once, in threads: for reward functions that wait (a
+    remote judge, a sandbox) rather than compute, so num_workers x this many overlap. A call
+    past its deadline kills its process; the other calls it ran are retried in a new one."""
     timeout_s: float = 60.0
     """Deadline of one reward call: past it the call's process is killed and the row fails."""
     on_error: OnRewardError = "fail"
@@ -218,6 +222,8 @@ class RewardConfig:
     def __post_init__(self) -> None:
         check_choice("reward", "on_error", self.on_error, get_args(OnRewardError))
         check_timeout("reward.timeout_s", self.timeout_s)
+        if self.calls_per_worker < 1:
+            raise ValueError(f"reward.calls_per_worker must be >= 1, got {self.calls_per_worker}")
         if self.num_workers is not None and self.num_workers < 0:
             raise ValueError(
                 f"reward.num_workers must be >= 0 (0: inline on the driver), got {self.num_workers}"

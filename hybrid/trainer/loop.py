@@ -132,6 +132,7 @@ class Driver:
         self.rewards = RewardManager(
             custom,
             num_workers=default_pool_size() if r.num_workers is None else r.num_workers,
+            calls_per_worker=r.calls_per_worker,
             timeout_s=r.timeout_s,
             on_error=r.on_error,
             error_score=r.error_score,
