@@ -127,6 +127,15 @@ class ExplorerWorker(Worker):
         """The engine's log-probs of the given responses under the weights it holds."""
         return self.rollout.score(batch)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def judge_generate(self, prompts: Batch, max_tokens: int) -> Batch:
+        """The generative judge's answers (reward.judge): one greedy answer of at most
+        `max_tokens` per row of left-padded `input_ids` / `attention_mask`, as the non-tensor
+        column `judge_answer` (text), with the weights held (the version the explorer last
+        loaded, which may be newer than the one that sampled the judged rows). Streaming
+        requests leave the engine first and continue at the next `stream`."""
+        return self.rollout.answer(prompts, max_tokens)
+
     # --- weights -------------------------------------------------------------------------
 
     def _receiving_end(self) -> WeightTransport:

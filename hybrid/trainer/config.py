@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from hybrid.rewards.judge import load_template
 from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
@@ -26,6 +27,7 @@ from hybrid.workers.config import (
     CriticConfig,
     CriticModelConfig,
     HybridWorkerConfig,
+    JudgeConfig,
     KlKind,
     ModelConfig,
     RefConfig,
@@ -218,9 +220,18 @@ class RewardConfig:
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """A reward model (a sequence classifier) whose score joins or replaces the rule reward
     per data source (docs/reward-models.md); off while its path is null."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """A generative judge (the policy's rollout engine answering a prompt template) whose
+    score joins or replaces the rule reward per data source (docs/reward-models.md); off while
+    its template_path is null. Its unparsable answers follow on_error."""
 
     def __post_init__(self) -> None:
         check_choice("reward", "on_error", self.on_error, get_args(OnRewardError))
+        if self.judge.enabled and self.model.enabled:
+            raise ValueError(
+                "reward.judge.template_path and reward.model.path are both set: a run scores "
+                "with one model, the judge or the reward model; set one of them to null"
+            )
         check_timeout("reward.timeout_s", self.timeout_s)
         if self.calls_per_worker < 1:
             raise ValueError(f"reward.calls_per_worker must be >= 1, got {self.calls_per_worker}")
@@ -578,6 +589,8 @@ class TrainerRunConfig:
                     raise ValueError(f"data.{name}: {path} does not exist")
         if self.reward.custom_path is not None and not Path(self.reward.custom_path).exists():
             raise ValueError(f"reward.custom_path: {self.reward.custom_path} does not exist")
+        if self.reward.judge.template_path is not None:  # its placeholders, before any worker
+            load_template(self.reward.judge.template_path)
 
     @property
     def rows_per_step(self) -> int:

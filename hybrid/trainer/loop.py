@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, R
 from hybrid.trainer.sources.explorers import ExplorerSide
 from hybrid.trainer.step import StepResult, TrainStep, merge_updates
 from hybrid.trainer.weight_sync import SyncSides, WeightChannel
-from hybrid.workers.config import RewardModelConfig
+from hybrid.workers.config import JudgeConfig, RewardModelConfig
 from hybrid.workers.critic import check_critic_model
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.reward_model import check_reward_model
@@ -59,16 +60,14 @@ CRITIC_EXPORT_DIR = "hf_critic"
 
 
 def check_data_sources(
-    *datasets: PromptDataset | None, reward_model: RewardModelConfig | None = None
+    *datasets: PromptDataset | None, scorers: Sequence[RewardModelConfig | JudgeConfig] = ()
 ) -> None:
-    """Every row needs a reward: a built-in rule reward, or the reward model's score alone
-    (reward.model.combine is `replace` for its data source). Fail before any worker starts,
-    naming the row."""
+    """Every row needs a reward: a built-in rule reward, or a model's score alone (the reward
+    model's or the judge's combine is `replace` for its data source). Fail before any worker
+    starts, naming the row."""
 
     def replaced(source: str) -> bool:
-        return reward_model is not None and (
-            reward_model.enabled and reward_model.combine_for(source) == "replace"
-        )
+        return any(s.enabled and s.combine_for(source) == "replace" for s in scorers)
 
     for dataset in datasets:
         for row in dataset.rows if dataset is not None else []:
@@ -102,8 +101,8 @@ def assemble(
     sides = SyncSides(sync_policy(c.sync), channel, synchronizer, c.trainer.total_steps)
     side = ExplorerSide(c, workers.explorers, sides, feed, pad_token_id)
     # The queue hands groups over as they finish: their rule rewards can start at once, unless
-    # a reward model scores the batch too (the train step then combines both).
-    streamed = None if c.reward.model.enabled else rewards
+    # a reward model or the judge scores the batch too (the train step then combines them).
+    streamed = None if c.reward.model.enabled or c.reward.judge.enabled else rewards
     source = QueueSource(side, streamed) if c.trainer.mode == "fully_async" else BufferSource(side)
     return source, TransportPublisher(sides, c.trainer.output_dir)
 
@@ -127,7 +126,8 @@ class Driver:
             else None
         )
         if custom is None:
-            check_data_sources(self.train_data, self.val_data, reward_model=c.reward.model)
+            scorers = (c.reward.model, c.reward.judge)
+            check_data_sources(self.train_data, self.val_data, scorers=scorers)
         r = c.reward
         self.rewards = RewardManager(
             custom,
@@ -290,9 +290,9 @@ class Driver:
         members, rules = self.workers.members, []
         for batch in batches.validation_batches(size):
             rollout = self.source.generate_greedy(batch)
-            # Combined with the reward model's scores as in training.
+            # Combined with the reward model's or the judge's scores as in training.
             pending = submit_rewards(
-                self.config.reward, self.rewards, members.reward_model, rollout
+                self.config.reward, self.rewards, members.reward_model, rollout, members.judge
             )
             scores.append(pending.result()[0])
             assert pending.rule_scores is not None
@@ -300,8 +300,9 @@ class Driver:
         joined = torch.cat(scores)
         metrics = {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
         rule = torch.cat(rules)
-        if members.reward_model is not None and not rule.isnan().all():
-            # The rule's verdict on the same answers: what the reward model's scores are worth.
+        scored_by_model = members.reward_model is not None or members.judge is not None
+        if scored_by_model and not rule.isnan().all():
+            # The rule's verdict on the same answers: what the model's scores are worth.
             metrics["val/rule_mean"] = float(rule[~rule.isnan()].mean())
         return metrics
 

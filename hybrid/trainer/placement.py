@@ -29,6 +29,7 @@ from hybrid.explorer.worker import ExplorerWorker
 from hybrid.trainer.checkpoints import shared_dir_error
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import print_lines, print_startup_summary, run_log_dir
+from hybrid.trainer.judge import make_judge
 from hybrid.trainer.step import Members
 from hybrid.workers.actor_rollout import ActorRolloutWorker
 from hybrid.workers.critic import CriticWorker
@@ -163,6 +164,7 @@ def start_colocated(
     views["actor_rollout"].init_model()
     facts = dict(views["actor_rollout"].describe()[0])
     members = trainer_members(c, views, "actor_rollout", t.num_workers)
+    members.judge = make_judge(c, views["actor_rollout"])
     return Placement(members=members, group=group, facts=facts)
 
 
@@ -218,6 +220,7 @@ def start_split(
     engines = explorers.init_engine.submit()  # the explorers start while the trainers do
     views["trainer"].init_model()
     members = trainer_members(c, views, "trainer", t.num_trainer_workers)
+    members.judge = make_judge(c, explorers)
     engines.get()
     facts = dict(views["trainer"].describe()[0])
     facts.update(explorers.describe()[0])

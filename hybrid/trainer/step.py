@@ -34,6 +34,7 @@ from hybrid.data import Batch
 from hybrid.rewards.manager import RewardManager, RewardStream
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.judge import Judge
 from hybrid.trainer.metrics import reduce_over_ranks
 from hybrid.trainer.model_rewards import submit_rewards
 
@@ -86,6 +87,8 @@ class Members:
     """Ranks the actor's batch is split over (for balancing and throughput)."""
     reward_model: WorkerGroupView | None = None
     """The reward model's scores (reward.model.path set), else None."""
+    judge: Judge | None = None
+    """The generative judge on the rollout engines (reward.judge.template_path set), else None."""
 
 
 @dataclass
@@ -192,7 +195,7 @@ class TrainStep:
         c, m = self.config, self.members
         started = time.perf_counter()
         rewards = (
-            submit_rewards(c.reward, self.rewards, m.reward_model, rollout)
+            submit_rewards(c.reward, self.rewards, m.reward_model, rollout, m.judge)
             if started_rewards is None
             else started_rewards
         )

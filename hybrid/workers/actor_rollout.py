@@ -154,6 +154,24 @@ class ActorRolloutWorker(ActorWorker):
     def _engine_log_prob(self, batch: Batch) -> Batch:
         return self.rollout.score(batch)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def judge_generate(self, prompts: Batch, max_tokens: int) -> Batch:
+        """The generative judge's answers (reward.judge): one greedy answer of at most
+        `max_tokens` per row of left-padded `input_ids` / `attention_mask`, as the non-tensor
+        column `judge_answer` (text).
+
+        The train step calls it in trainer mode, after generation left rollout mode and before
+        the update: the call enters rollout mode for itself, which syncs the actor's weights
+        again. Those are the weights the batch was sampled with (nothing updated them since),
+        so the judge is the policy that answered; the sync's cost is the price of needing no
+        extra state in the mode switch, and the driver's version bookkeeping is unaffected
+        (colocated versions come from the step, not from the worker's sync count).
+        """
+        if self.modes.mode is Mode.ROLLOUT:
+            return self.rollout.answer(prompts, max_tokens)
+        with self.modes.rollout_mode():
+            return self.rollout.answer(prompts, max_tokens)
+
     # --- state ---------------------------------------------------------------------------
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
 from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoice, Hardware
+from hybrid.rewards.judge import DEFAULT_PATTERN, compile_pattern
 from hybrid.rewards.model_score import COMBINE_CHOICES, Combine
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
@@ -431,6 +432,75 @@ class RewardModelConfig:
                 raise ValueError(
                     f"{owner}.path is null (no reward model) but {owner}.{changed[0]} is set: "
                     f"set {owner}.path to a sequence-classification model, or drop the setting"
+                )
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """A generative judge (`reward.judge`): the policy's own rollout engine (the actor_rollout
+    group colocated, the explorers split and fully_async) reads each row through a prompt
+    template, answers greedily, and the number a regex reads from its answer joins the rule
+    reward per data source like a reward model's score (hybrid/trainer/judge.py;
+    docs/reward-models.md). Not together with reward.model: a run scores with one model."""
+
+    template_path: str | None = None
+    """A text file with {prompt}, {response} and {ground_truth} placeholders (str.format
+    syntax, a literal brace doubled): the judge's user message, put through the policy's chat
+    template. It must name {response}. null: no judge."""
+    pattern: str = DEFAULT_PATTERN
+    """A regex with one group: the number in its LAST match in the answer is the score; no
+    match (or no finite number) makes the row `unparsable`, which reward.on_error handles."""
+    max_tokens: int = 64
+    """Most tokens of the judge's answer (greedy)."""
+    max_prompt_length: int = 448
+    """Most tokens of a judge prompt; a longer one loses tokens from the left, counted in
+    reward/judge_truncated. With max_tokens it must fit rollout.max_model_len."""
+    combine: Combine = "sum"
+    """How its score joins the rule reward: sum (rule + coef x score) or replace (coef x
+    score; the data source then needs no rule reward)."""
+    combine_by_source: dict[str, Combine] | None = None
+    """Per data source overrides of `combine`, as reward.model.combine_by_source."""
+    coef: float = 1.0
+    """Scale of the judge's score in the reward (a finite number, not 0)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.template_path is not None
+
+    def combine_for(self, data_source: str) -> Combine:
+        return (self.combine_by_source or {}).get(data_source, self.combine)
+
+    def __post_init__(self) -> None:
+        owner = "reward.judge"
+        if self.template_path is not None and not self.template_path.strip():
+            raise ValueError(f"{owner}.template_path is empty: a template file, or null for none")
+        compile_pattern(self.pattern)  # its errors name reward.judge.pattern
+        check_positive(owner, max_tokens=self.max_tokens, max_prompt_length=self.max_prompt_length)
+        check_choice(owner, "combine", self.combine, COMBINE_CHOICES)
+        by_source = self.combine_by_source
+        if by_source is not None and not isinstance(by_source, dict):
+            raise ValueError(
+                f"{owner}.combine_by_source must map data sources to one of "
+                f"{list(COMBINE_CHOICES)}, got {by_source!r}"
+            )
+        for source, mode in (by_source or {}).items():
+            check_choice(f"{owner}.combine_by_source", str(source), mode, COMBINE_CHOICES)
+        if not math.isfinite(self.coef) or self.coef == 0:
+            raise ValueError(f"{owner}.coef must be a finite number other than 0, got {self.coef}")
+        if self.template_path is None:
+            # Settings that change what the reward is: without a judge they would do nothing.
+            changed = [
+                name
+                for name, set_ in (
+                    ("combine", self.combine != "sum"),
+                    ("combine_by_source", bool(self.combine_by_source)),
+                )
+                if set_
+            ]
+            if changed:
+                raise ValueError(
+                    f"{owner}.template_path is null (no judge) but {owner}.{changed[0]} is set: "
+                    f"set {owner}.template_path to a prompt template, or drop the setting"
                 )
 
 

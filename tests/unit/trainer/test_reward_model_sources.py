@@ -34,7 +34,7 @@ def test_a_source_without_a_rule_needs_the_reward_model_alone(chat_rows: PromptD
         check_data_sources(chat_rows)
     summed = RewardModelConfig(path="/rm", combine="sum")
     with pytest.raises(ValueError, match=r"combine_by_source=\{chat: replace\}"):
-        check_data_sources(chat_rows, reward_model=summed)
-    check_data_sources(chat_rows, reward_model=RewardModelConfig(path="/rm", combine="replace"))
+        check_data_sources(chat_rows, scorers=[summed])
+    check_data_sources(chat_rows, scorers=[RewardModelConfig(path="/rm", combine="replace")])
     by_source = RewardModelConfig(path="/rm", combine_by_source={"chat": "replace"})
-    check_data_sources(chat_rows, None, reward_model=by_source)
+    check_data_sources(chat_rows, None, scorers=[by_source])
