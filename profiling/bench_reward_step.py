@@ -10,7 +10,7 @@ workers compute the reference log-probs), `timing_s/scoring` (until the advantag
 there), the generation and the update. Last line: a JSON object.
 
     python profiling/bench_reward_step.py [--steps 8] [--cost-ms 50] [--pools 2 32]
-        [--threaded 8 16] [--repeats 1]
+        [--threaded 8 16] [--repeats 1] [--no-inline]
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ def main() -> None:
         help="one more setting: PROCESSES reward processes x CALLS calls at once in each",
     )
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--no-inline", action="store_true", help="skip the inline setting (6.4 s a step)"
+    )
     args = parser.parse_args()
     report: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,7 +97,8 @@ def main() -> None:
         waiting.write_text(WAITING_REWARD.format(cost_s=args.cost_ms / 1000))
         slow = f"reward.custom_path={waiting}"
         settings = {"builtin, pool 2": ["reward.num_workers=2"]}
-        settings[f"+{args.cost_ms:g} ms/row, inline"] = [slow, "reward.num_workers=0"]
+        if not args.no_inline:
+            settings[f"+{args.cost_ms:g} ms/row, inline"] = [slow, "reward.num_workers=0"]
         for pool in args.pools:
             settings[f"+{args.cost_ms:g} ms/row, pool {pool}"] = [
                 slow,

@@ -70,6 +70,7 @@ def test_a_stopped_worker_is_named_and_killed(ray_cluster: None, tmp_path: Path)
     assert wait_gone(list(pids.values()), within_s=30) == []
 
 
+@pytest.mark.full  # by default: the stopped worker above (the same wait, a different cause)
 def test_a_worker_stuck_inside_a_call_names_its_last_boundary(
     ray_cluster: None, tmp_path: Path
 ) -> None:
@@ -90,6 +91,7 @@ def test_a_worker_stuck_inside_a_call_names_its_last_boundary(
     assert wait_gone(pids, within_s=30) == []
 
 
+@pytest.mark.full  # by default: the stopped worker above
 def test_a_member_that_never_finishes_starting_stalls_the_group_and_is_killed(
     ray_cluster: None, tmp_path: Path
 ) -> None:

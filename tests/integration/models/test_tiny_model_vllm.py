@@ -98,14 +98,13 @@ VLLM_CLASSES = {
 }
 
 
-# The tied text-vocabulary Qwen2 by default; the others in test-full (by default every family
-# runs through vLLM in tests/integration/trainer/test_architectures.py, a GRPO step each).
+# In test-full: by default every family runs through vLLM in
+# tests/integration/trainer/test_architectures.py (a GRPO step each, the engine's log-probs
+# checked against the actor's), and every end-to-end run checks them again.
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("architecture", "vocab", "tied"),
-    [
-        pytest.param(a, v, t, marks=[] if i == 0 else [pytest.mark.full])
-        for i, (a, v, t) in enumerate(CASES)
-    ],
+    CASES,
     ids=[f"{a}-{v}-{'tied' if t else 'untied'}" for a, v, t in CASES],
 )
 def test_vllm_generates_with_hf_logprobs(

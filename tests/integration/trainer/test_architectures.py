@@ -11,7 +11,7 @@ builder's are 0 and 1, which a missed tensor's dummy values would come too close
 Runtime: every case starts its own 2-worker group (Ray actors, FSDP2, vLLM), ~20-30 s each on
 2 cores. By default every family runs at least once: the full fine-tuning of Llama, tied
 Qwen2 and Mistral with the `auto` sync, untied Qwen2 and Qwen3 through their direct-sync cells
-(Qwen3 with LoRA too), and LoRA on Llama with `auto`; the other cells are marked `full`
+(Qwen3 with LoRA), and LoRA on Llama with `auto`; the other cells are marked `full`
 (`-m full`).
 """
 
@@ -54,9 +54,10 @@ LORA_AUTO_BY_DEFAULT = "llama"
 # the direct LoRA cell of the untied family (the tied one keeps LoRA + direct covered).
 FULL_ONLY = {
     ("qwen2_untied", "full", "auto"),
-    # The fp16 direct sync of full weights runs by default on Qwen3; the untied layout's
-    # direct sync on test_direct_load.py's untied model.
+    # The direct sync of full weights runs by default in test_direct_load.py (tied and
+    # untied) and here as the base of Qwen3's LoRA fp16-direct cell.
     ("qwen2_untied", "full", "fp16-direct"),
+    ("qwen3", "full", "fp16-direct"),
     # Mistral is Llama's layout with its own names; Llama runs by default (with LoRA).
     ("mistral", "full", "auto"),
     ("qwen3", "full", "auto"),

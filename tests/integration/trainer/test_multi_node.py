@@ -125,16 +125,14 @@ def single_node_run(
     return read_metrics(out)
 
 
-def test_three_hsdp_steps_on_two_nodes_match_one_node_and_resume_on_one(
-    two_nodes: tuple[str, list[str]],
-    assets: Path,
-    single_node_run: list[dict],
-    tmp_path: Path,
-) -> None:
-    """2 replicas x 1 shard (each node holds the whole model and only gradients cross) train
-    as one node does; the checkpoint they write resumes as plain FSDP on one node."""
-    address, node_ids = two_nodes
-    out = tmp_path / "two_nodes"
+@pytest.fixture(scope="module")
+def two_node_run(
+    two_nodes: tuple[str, list[str]], assets: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str, list[dict]]:
+    """3 HSDP steps, 2 replicas x 1 shard (each node holds the whole model and only gradients
+    cross), a checkpoint at step 2: (output dir, the entry point's stdout, metrics)."""
+    address, _ = two_nodes
+    out = tmp_path_factory.mktemp("two_nodes") / "run"
     done = run_main(
         overrides(
             assets,
@@ -145,8 +143,19 @@ def test_three_hsdp_steps_on_two_nodes_match_one_node_and_resume_on_one(
             *on_two_nodes(address),
         )
     )
-    assert "2 nodes x 1" in done.stdout  # the start-up summary says where the workers are
-    assert "HSDP 2 replicas" in done.stdout
+    return out, done.stdout, read_metrics(out)
+
+
+def test_three_hsdp_steps_on_two_nodes_match_one_node(
+    two_nodes: tuple[str, list[str]],
+    two_node_run: tuple[Path, str, list[dict]],
+    single_node_run: list[dict],
+) -> None:
+    """Two HSDP replicas on two nodes train as one node does."""
+    _, node_ids = two_nodes
+    out, stdout, metrics = two_node_run
+    assert "2 nodes x 1" in stdout  # the start-up summary says where the workers are
+    assert "HSDP 2 replicas" in stdout
 
     # One worker on each node, by Ray's node ids.
     placed = nodes_by_rank(out)
@@ -155,12 +164,18 @@ def test_three_hsdp_steps_on_two_nodes_match_one_node_and_resume_on_one(
         node_id[:8] for node_id in node_ids
     )
 
-    metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:  # the engines on both nodes were synced: max over ranks
         assert m["rollout/logprob_diff_max"] < LOGPROB_DIFF_MAX, m["step"]
     assert_same_training(metrics, single_node_run, steps=3)
 
+
+@pytest.mark.full  # by default a resume runs in test_ppo.py and test_checkpoint_recovery.py
+def test_a_two_node_hsdp_checkpoint_resumes_on_one_node(
+    assets: Path, two_node_run: tuple[Path, str, list[dict]], tmp_path: Path
+) -> None:
+    """The checkpoint two HSDP nodes wrote resumes as plain FSDP on one node."""
+    out, _, metrics = two_node_run
     # The step-2 checkpoint, taken on two nodes, resumes on one: step 3 as the two-node run.
     resumed = tmp_path / "resumed"
     shutil.copytree(out, resumed)

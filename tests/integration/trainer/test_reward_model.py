@@ -73,6 +73,7 @@ def rollout_rows(tokenizer: object) -> Batch:
     )
 
 
+@pytest.mark.full  # 24 s; by default the combine, the inputs and the checks run as unit tests
 def test_scores_match_a_plain_forward_and_a_run_reports_them(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:

