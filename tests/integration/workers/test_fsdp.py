@@ -69,7 +69,9 @@ def _entry(
     try:
         mesh = init_device_mesh("cpu", (WORLD_SIZE,), mesh_dim_names=("fsdp",))
         result = fn(rank, mesh, *args)
-        torch.save(result, out_dir / f"result_rank{rank}.pt")
+        written = out_dir / f"result_rank{rank}.pt.tmp"
+        torch.save(result, written)
+        written.rename(out_dir / f"result_rank{rank}.pt")  # whole, or not there
         # Leave together: a rank that tears gloo down while its peer is still inside the last
         # collective's teardown can take the peer down with std::terminate (a rare abort).
         dist.barrier()
@@ -284,17 +286,24 @@ def _spawn(fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any) -> list
         join=False,
         start_method="spawn",
     )
+    results = [out_dir / f"result_rank{r}.pt" for r in range(WORLD_SIZE)]
     try:
         while not context.join(timeout=1):  # raises if a rank failed
             if time.monotonic() - start > SPAWN_TIMEOUT_S:
                 raise TimeoutError(f"{fn.__name__} did not finish in {SPAWN_TIMEOUT_S} s")
+    except mp.ProcessExitedException as error:
+        # gloo's teardown can still abort a rank (std::terminate) after every rank wrote its
+        # result: what the test checks is done then; any earlier failure is raised.
+        if not all(path.is_file() for path in results):
+            raise
+        print(f"{fn.__name__}: a rank aborted in gloo's teardown after the results ({error})")
     finally:
         for process in context.processes:
             if process.is_alive():
                 process.kill()
                 process.join()
     print(f"{fn.__name__}: {time.monotonic() - start:.1f} s on {WORLD_SIZE} ranks")
-    return [torch.load(out_dir / f"result_rank{r}.pt", weights_only=False) for r in range(2)]
+    return [torch.load(path, weights_only=False) for path in results]
 
 
 @pytest.fixture(scope="module")
