@@ -2,8 +2,9 @@
 adaptive KL penalty in the reward, the critic's phases in the memory ledger, and an exact
 resume of actor, critic and KL controller.
 
-One 3-step run checkpoints after every step; its last checkpoint is then removed and the run
-resumed from step 2: step 3 must repeat exactly (every metric but wall times and memory).
+One 3-step run checkpoints after every step and exports both models; in test-full its last
+checkpoint is then removed and the run resumed from step 2: step 3 must repeat exactly (every
+metric but wall times and memory).
 """
 
 from __future__ import annotations
@@ -58,12 +59,18 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_assets(tmp_path_factory.mktemp("ppo"))
 
 
-def test_ppo_warms_the_critic_up_and_resumes_exactly(
-    ray_cluster: None, assets: Path, tmp_path: Path
-) -> None:
-    out = tmp_path / "run"
-    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)).fit()
-    straight = read_metrics(out)
+@pytest.fixture(scope="module")
+def ppo_run(
+    ray_cluster: None, assets: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[dict]]:
+    """3 PPO steps, a checkpoint after each, the actor and the critic exported."""
+    out = tmp_path_factory.mktemp("ppo_run") / "run"
+    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)).fit()
+    return out, read_metrics(out)
+
+
+def test_ppo_warms_the_critic_up_and_exports_both_models(ppo_run: tuple[Path, list[dict]]) -> None:
+    out, straight = ppo_run
     assert [m["step"] for m in straight] == [1, 2, 3]
     for m in straight:
         for key in CRITIC_METRICS:
@@ -92,21 +99,8 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     prediction = planner_prediction(config, config.model.path, 8.0)
     assert list(prediction.peak_gib) == list(step_phases(critic=True))
 
-    # Resume from step 2: remove step 3's checkpoint (actor and critic) and run again.
-    shutil.rmtree(checkpoint_dir(out, 3))
-    shutil.rmtree(critic_checkpoint_dir(out, 3))
-    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)).fit()
-    resumed = read_metrics(out)
-    # The first run's step 3 row left metrics.jsonl with its checkpoint: each step once.
-    assert [m["step"] for m in resumed] == [1, 2, 3]
-    expected, again = straight[2], resumed[2]
-    repeatable = [key for key in expected if not key.startswith(UNREPEATABLE)]
-    assert {"critic/vf_loss", "critic/kl_coeff", "actor/pg_loss"} <= set(repeatable)
-    for key in repeatable:
-        assert again[key] == expected[key], key
-
-    # The export (resumed run): the actor as a causal LM, the critic as a value model that
-    # transformers' token-classification class loads whole, one value per token.
+    # The export: the actor as a causal LM, the critic as a value model that transformers'
+    # token-classification class loads whole, one value per token.
     from transformers import AutoModelForTokenClassification
 
     critic, info = AutoModelForTokenClassification.from_pretrained(
@@ -118,3 +112,24 @@ def test_ppo_warms_the_critic_up_and_resumes_exactly(
     values = critic(input_ids=ids).logits
     assert values.shape == (1, 4, 1) and torch.isfinite(values).all()
     assert (out / "hf_model" / "model.safetensors").is_file()
+
+
+@pytest.mark.full  # by default a resume runs in test_checkpoint_recovery.py (and test_fsdp.py)
+def test_a_ppo_run_resumes_exactly(
+    assets: Path, ppo_run: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    """Actor, critic and KL controller resume from step 2: step 3 repeats exactly."""
+    first, straight = ppo_run
+    out = tmp_path / "run"
+    shutil.copytree(first, out)
+    shutil.rmtree(checkpoint_dir(out, 3))
+    shutil.rmtree(critic_checkpoint_dir(out, 3))
+    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)).fit()
+    resumed = read_metrics(out)
+    # The first run's step 3 row left metrics.jsonl with its checkpoint: each step once.
+    assert [m["step"] for m in resumed] == [1, 2, 3]
+    expected, again = straight[2], resumed[2]
+    repeatable = [key for key in expected if not key.startswith(UNREPEATABLE)]
+    assert {"critic/vf_loss", "critic/kl_coeff", "actor/pg_loss"} <= set(repeatable)
+    for key in repeatable:
+        assert again[key] == expected[key], key
