@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybrid.validation import check_timeout
 
@@ -31,6 +32,9 @@ class Deadlines:
     """trainer.stall_timeout_s: no phase's deadline is shorter."""
     scale: float = SCALE
     first_scale: float = FIRST_SCALE
+    watches: list[Any] = field(default_factory=list)
+    """The worker groups that share this clock (hybrid/controller/stall.py `Watch`): a stall
+    in one names a stopped worker in any of them."""
     _slowest: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -41,6 +41,9 @@ def process_state(pid: int, proc: Path = Path("/proc")) -> str | None:
     return PROCESS_STATES.get(letter, f"state {letter}")
 
 
+STOPPED = PROCESS_STATES["T"]
+
+
 @dataclass(eq=False)
 class Watch:
     deadlines: Deadlines
@@ -48,7 +51,16 @@ class Watch:
     local_pids: dict[int, int] = field(default_factory=dict)
     """rank -> pid, for the ranks on the driver's machine (only those can be looked up)."""
     stalled: bool = False
-    """Set once a call of the group stalled: its workers cannot be asked to shut down."""
+    """Set once a call of the group stalled (or one of its workers was found stopped): its
+    workers cannot be asked to shut down."""
+
+    def __post_init__(self) -> None:
+        self.deadlines.watches.append(self)
+
+    @property
+    def name(self) -> str:
+        """The group's name in an error: its progress directory's (workers, explorer, trainer)."""
+        return self.progress_dir.name if self.progress_dir is not None else "group"
 
     def rank_line(self, rank: int, now: float) -> str:
         pid = self.local_pids.get(rank)
@@ -57,10 +69,24 @@ class Watch:
         seen = read_progress(self.progress_dir, rank)
         return f"{who}: {seen.describe(now) if seen else 'no progress record'}"
 
+    def stopped_ranks(self) -> list[int]:
+        """The ranks on this machine whose process is stopped (SIGSTOP, a debugger)."""
+        return [r for r, pid in self.local_pids.items() if process_state(pid) == STOPPED]
+
     def stall_error(
         self, phase: str, pending: Sequence[int], waited_s: float, deadline_rule: str
     ) -> StallError:
+        """The error of a call of this group past its deadline. A worker stopped in another
+        group of the run (the other side of a weight sync, say) is often the cause: it is
+        named too, and its group marked stalled like this one."""
         self.stalled = True
         now = time.time()
-        lines = "; ".join(self.rank_line(rank, now) for rank in pending)
-        return StallError(phase, list(pending), waited_s, f"deadline: {deadline_rule}; {lines}")
+        lines = [self.rank_line(rank, now) for rank in pending]
+        for watch in self.deadlines.watches:
+            stopped = [r for r in watch.stopped_ranks() if watch is not self or r not in pending]
+            if stopped:
+                watch.stalled = True
+            for rank in stopped:
+                lines.append(f"stopped: {watch.name} {watch.rank_line(rank, now)}")
+        detail = "; ".join([f"deadline: {deadline_rule}", *lines])
+        return StallError(phase, list(pending), waited_s, detail)

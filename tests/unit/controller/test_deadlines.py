@@ -113,3 +113,27 @@ def test_the_stall_error_names_phase_ranks_deadline_and_what_each_rank_did(
 
     again = pickle.loads(pickle.dumps(error))
     assert (again.phase, again.ranks, str(again)) == (error.phase, error.ranks, text)
+
+
+def test_a_stall_names_a_worker_stopped_in_another_group_of_the_run(tmp_path: Path) -> None:
+    """The explorer waits in a weight sync whose sender, a trainer worker, is stopped: the
+    explorer's stall names the stopped trainer, and the trainer's group is marked stalled."""
+    deadlines = Deadlines(5.0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        stopped = "stopped (SIGSTOP or a debugger)"
+        deadline = time.monotonic() + 10
+        while process_state(child.pid) != stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        explorer = Watch(deadlines, tmp_path / "explorer", local_pids={0: os.getpid()})
+        trainer = Watch(deadlines, tmp_path / "trainer", local_pids={0: child.pid})
+        assert deadlines.watches == [explorer, trainer]
+        error = explorer.stall_error("ExplorerWorker.load_weights", [0], 20.0, "first call")
+        text = str(error)
+        assert text.startswith("ExplorerWorker.load_weights stalled on rank 0")
+        assert f"stopped: trainer rank 0 (pid {child.pid}, {stopped})" in text
+        assert explorer.stalled and trainer.stalled
+    finally:
+        child.kill()
+        child.wait()
