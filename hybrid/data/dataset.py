@@ -205,7 +205,10 @@ class PromptDataset:
         tokenizer: Any,
         max_prompt_length: int,
         prompt_key: str = "prompt",
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
+        """`tools`: OpenAI-style tool schemas the chat template lists in every prompt (an
+        agent run's tools; None: none)."""
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         if tokenizer.pad_token_id is None:
@@ -224,7 +227,7 @@ class PromptDataset:
                 num_read += 1
                 checked = _check_row(raw, prompt_key, f"{path}: row {index}")
                 text = tokenizer.apply_chat_template(
-                    checked.messages, add_generation_prompt=True, tokenize=False
+                    checked.messages, tools=tools, add_generation_prompt=True, tokenize=False
                 )
                 token_ids = list(tokenizer.encode(text, add_special_tokens=False))
                 _check_round_trip(tokenizer, text, token_ids, f"{path}: row {index}")

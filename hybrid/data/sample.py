@@ -11,9 +11,19 @@ read.
 `samples_to_batch` is the one conversion from Samples to the padded `Batch` the trainer and
 the reward manager consume; every placement uses it.
 
+A multi-turn agent trajectory is one Sample too: its "response" is every token after the
+prompt, the model's turns and the tool/environment replies between them, in the order the
+engine saw them. `loss_mask` marks which of them the model sampled (trained: log-probs,
+advantages, loss) and which it was shown (context: attended to, never trained); context tokens
+carry no log-prob (0.0) and no version (NO_VERSION). Single-turn samples leave it None (every
+response token is the model's).
+
 Shapes (b = samples, P = prompt width, R = response width):
   prompts (b, P) left-padded   responses / response_mask / rollout_log_probs / versions (b, R)
   input_ids / attention_mask / position_ids (b, P + R)
+`response_mask` is the loss mask (1 on the model's tokens); `attention_mask` covers every real
+token, context included. Agent batches add `env_rewards` (b, R): rewards an environment gave
+for a turn, on that turn's last model token.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import torch
 from hybrid.data.batch import Batch
 
 NO_VERSION = -1
-"""`versions` value on padding positions."""
+"""`versions` value on padding positions and on context tokens (no weights sampled them)."""
 
 
 class SampleStatus(Enum):
@@ -60,15 +70,30 @@ class Sample:
     """The detokenised response."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """The prompt row's other per-row values (data_source, ground_truth, seed, ...)."""
+    loss_mask: list[int] | None = None
+    """Per response token: 1 sampled by the model, 0 context (a tool or environment reply).
+    None: every token is the model's (single turn)."""
+    token_rewards: list[float] | None = None
+    """Per response token: a reward the environment gave for the turn ending there (agent
+    trajectories; None elsewhere)."""
+    agent_stats: dict[str, float] | None = None
+    """What the agent loop counted for this trajectory (turns, tool calls, errors by kind,
+    tool seconds, context tokens, truncation): hybrid.rollout.agent.stats."""
 
     @property
     def response_length(self) -> int:
         return len(self.response_ids)
 
     @property
+    def model_mask(self) -> list[int]:
+        """1 per response token the model sampled (the loss mask)."""
+        return [1] * len(self.response_ids) if self.loss_mask is None else self.loss_mask
+
+    @property
     def oldest_version(self) -> int:
-        """The oldest weight version among the response's tokens (its staleness)."""
-        return min(self.versions) if self.versions else NO_VERSION
+        """The oldest weight version among the model's tokens (its staleness)."""
+        sampled = [v for v in self.versions if v != NO_VERSION]
+        return min(sampled) if sampled else NO_VERSION
 
     def check(self) -> None:
         """Per-token lists must line up; the error names the sample."""
@@ -77,6 +102,10 @@ class Sample:
             "rollout_log_probs": len(self.rollout_log_probs),
             "versions": len(self.versions),
         }
+        if self.loss_mask is not None:
+            lengths["loss_mask"] = len(self.loss_mask)
+        if self.token_rewards is not None:
+            lengths["token_rewards"] = len(self.token_rewards)
         if len(set(lengths.values())) != 1:
             raise ValueError(
                 f"sample {self.uid}#{self.index}: per-token lists differ in length {lengths}"
@@ -95,15 +124,25 @@ def samples_to_batch(
 
     Prompts are left-padded to `prompt_width` (default: the longest prompt), responses
     right-padded to `response_length`. Non-tensor columns: uid, index, status, response_text,
-    reward (None where unscored) and every metadata key (all samples must have the same keys).
+    reward (None where unscored) and every metadata key (all samples must have the same keys);
+    agent trajectories add the `env_rewards` tensor and the `agent_stats` column (all samples
+    of a batch are trajectories or none is).
     """
     if not samples:
         raise ValueError("samples_to_batch: no samples")
+    agent = samples[0].agent_stats is not None
+    for sample in samples:
+        if (sample.agent_stats is not None) != agent:
+            raise ValueError(
+                f"sample {sample.uid}#{sample.index}: agent trajectories and single-turn "
+                "samples cannot share a batch"
+            )
     width = max(len(s.prompt_ids) for s in samples) if prompt_width is None else prompt_width
     keys = sorted(samples[0].metadata)
     # Padded rows as Python lists, one tensor per column: a few small tensor ops per sample
     # would cost more than the rest of the conversion.
     prompt_rows, response_rows, log_prob_rows, version_rows = [], [], [], []
+    loss_rows, env_reward_rows = [], []
     prompt_lengths, response_lengths = [], []
     for sample in samples:
         sample.check()
@@ -129,13 +168,16 @@ def samples_to_batch(
         response_rows.append(list(sample.response_ids) + [pad_token_id] * pad)
         log_prob_rows.append(list(sample.rollout_log_probs) + [0.0] * pad)
         version_rows.append(list(sample.versions) + [NO_VERSION] * pad)
+        loss_rows.append(list(sample.model_mask) + [0] * pad)
+        env_reward_rows.append(list(sample.token_rewards or [0.0] * n) + [0.0] * pad)
     prompts = torch.tensor(prompt_rows, dtype=torch.long).view(len(samples), width)
     prompt_mask = (torch.arange(width) >= width - torch.tensor(prompt_lengths)[:, None]).long()
     responses = torch.tensor(response_rows, dtype=torch.long).view(len(samples), response_length)
-    response_mask = (torch.arange(response_length) < torch.tensor(response_lengths)[:, None]).long()
+    real = (torch.arange(response_length) < torch.tensor(response_lengths)[:, None]).long()
+    response_mask = torch.tensor(loss_rows, dtype=torch.long).view(len(samples), response_length)
     log_probs = torch.tensor(log_prob_rows, dtype=torch.float32).view(len(samples), response_length)
     versions = torch.tensor(version_rows, dtype=torch.long).view(len(samples), response_length)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    attention_mask = torch.cat([prompt_mask, real], dim=1)
     tensors = {
         "prompts": prompts,
         "responses": responses,
@@ -153,6 +195,10 @@ def samples_to_batch(
         "response_text": [s.text for s in samples],
         "reward": [s.reward for s in samples],
     }
+    if agent:
+        rewards = torch.tensor(env_reward_rows, dtype=torch.float32)
+        tensors["env_rewards"] = rewards.view(len(samples), response_length)
+        non_tensors["agent_stats"] = [s.agent_stats for s in samples]
     for key in keys:
         if key in non_tensors or key in tensors:
             raise ValueError(f"metadata key {key!r} collides with a batch column of that name")

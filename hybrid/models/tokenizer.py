@@ -6,6 +6,8 @@ Owns the vocabularies, the special/chat tokens and the ChatML chat templates:
   is unknown; `<|unk|>` exists but is never produced). 260 ids, padded to 272.
 - `"arithmetic"`: digits, `+` and `=` only: 16 ids, for learnability experiments. Any other
   character is dropped by the tokenizer (see below); check prompts with `unknown_characters`.
+- `"agent"`: digits, `?` and `@` only: 16 ids, for the agent demo (a vault whose code only a
+  tool call, `@`, reveals: hybrid/data/agent_task.py). Same template as "arithmetic".
 
 Why byte-level BPE and not a WordLevel tokenizer with an unk token: transformers 5 loads the
 tokenizer of every `model_type: qwen2` directory (AutoTokenizer, and so vLLM too) as
@@ -27,8 +29,8 @@ from typing import Literal
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Tokenizer
 
-VocabName = Literal["text", "arithmetic"]
-VOCAB_NAMES: tuple[VocabName, ...] = ("text", "arithmetic")
+VocabName = Literal["text", "arithmetic", "agent"]
+VOCAB_NAMES: tuple[VocabName, ...] = ("text", "arithmetic", "agent")
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
@@ -59,8 +61,13 @@ _ARITHMETIC_TEMPLATE = (
 CHAT_TEMPLATES: dict[VocabName, str] = {
     "text": _CHATML_TEMPLATE,
     "arithmetic": _ARITHMETIC_TEMPLATE,
+    "agent": _ARITHMETIC_TEMPLATE,
 }
-_ARITHMETIC_CHARACTERS = string.digits + "+="
+CHARACTERS: dict[VocabName, str] = {
+    "arithmetic": string.digits + "+=",
+    "agent": string.digits + "?@",
+}
+"""The characters of the small vocabularies (the "text" one has every byte)."""
 
 
 def _byte_symbols() -> list[str]:
@@ -78,8 +85,8 @@ def vocabulary(vocab: VocabName) -> list[str]:
     if vocab not in VOCAB_NAMES:
         raise ValueError(f"vocab must be one of {VOCAB_NAMES}, got {vocab!r}")
     symbols = _byte_symbols()
-    if vocab == "arithmetic":
-        symbols = [symbols[ord(c)] for c in _ARITHMETIC_CHARACTERS]
+    if vocab in CHARACTERS:
+        symbols = [symbols[ord(c)] for c in CHARACTERS[vocab]]
     tokens = [*SPECIAL_TOKENS, *symbols]
     return tokens + [f"<|reserved_{i}|>" for i in range(-len(tokens) % VOCAB_MULTIPLE)]
 
@@ -94,7 +101,7 @@ def unknown_characters(text: str, vocab: VocabName) -> list[str]:
     of first appearance. Always empty for "text". Data loaders use it to reject a prompt."""
     if vocab == "text":
         return []
-    return list(dict.fromkeys(c for c in text if c not in _ARITHMETIC_CHARACTERS))
+    return list(dict.fromkeys(c for c in text if c not in CHARACTERS[vocab]))
 
 
 def build_tokenizer(vocab: VocabName = "text", model_max_length: int = 512) -> Qwen2Tokenizer:

@@ -1,7 +1,9 @@
 """`RewardManager`: one scalar reward per row of a `Batch`, plus `reward/` metrics.
 
 Reads the non-tensor columns `response_text`, `data_source`, `ground_truth` and, if present,
-`extra_info` and `uid`. Each row is one call of the reward function: in a `RewardPool` of
+`extra_info` and `uid`. An agent trajectory's `response_text` is the whole trajectory (tool
+replies included), and its extra_info gains `agent`: the trajectory's `agent_stats` (turns,
+tool_calls, errors, final_text: the model's last turn; hybrid/rollout/agent/stats.py). Each row is one call of the reward function: in a `RewardPool` of
 worker processes under a per-call deadline (`num_workers >= 1`, the trainer's default;
 `calls_per_worker` calls at once in each, for functions that wait), or inline on the calling
 thread with no deadline (`num_workers=0`). `submit` starts scoring and
@@ -186,15 +188,21 @@ def _calls(batch: Batch) -> list[tuple]:
         )
     columns = batch.non_tensors
     extra_infos = columns.get("extra_info")
-    return [
-        (
-            str(columns["data_source"][row]),
-            str(columns["response_text"][row]),
-            columns["ground_truth"][row],
-            None if extra_infos is None else extra_infos[row],
+    trajectories = columns.get("agent_stats")
+    calls = []
+    for row in range(len(batch)):
+        extra_info = None if extra_infos is None else extra_infos[row]
+        if trajectories is not None:  # an agent trajectory: its turns, tool use, final turn
+            extra_info = {**(extra_info or {}), "agent": trajectories[row]}
+        calls.append(
+            (
+                str(columns["data_source"][row]),
+                str(columns["response_text"][row]),
+                columns["ground_truth"][row],
+                extra_info,
+            )
         )
-        for row in range(len(batch))
-    ]
+    return calls
 
 
 def _row_name(batch: Batch, row: int) -> str:

@@ -41,11 +41,13 @@ class GeneratedSample:
 @dataclass(frozen=True)
 class Continuation:
     """One sample to generate (further): the prompt plus the response so far, how many new
-    tokens at most, and its sampling seed (None: unseeded)."""
+    tokens at most, its sampling seed (None: unseeded), and whether to decode greedily (an
+    agent's validation turns) rather than with the rollout's sampling settings."""
 
     token_ids: list[int]
     max_tokens: int
     seed: int | None = None
+    greedy: bool = False
 
 
 WeightLayout = Literal["packed", "plain"]

@@ -3,10 +3,11 @@ sampling settings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from hybrid.dtypes import DTYPE_CHOICES, DtypeChoice
+from hybrid.rollout.agent.config import AgentConfig
 from hybrid.validation import check_choice, check_positive, check_range
 
 ENGINES = ("vllm", "toy")
@@ -61,6 +62,9 @@ class RolloutConfig:
     keep ~1 GiB resident across sleep/wake)."""
     free_cache_engine: bool = True
     """Release the KV cache in trainer mode (vLLM sleep mode on CUDA)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Multi-turn rollouts with tools and environments (hybrid/rollout/agent/, docs/agents.md):
+    off unless agent.enabled."""
 
     def __post_init__(self) -> None:
         check_choice("rollout", "engine", self.engine, ENGINES)

@@ -62,3 +62,13 @@ class RolloutGroup:
         start = sum(sizes[: self.tp_rank])
         shared = [item for chunk in per_rank for item in (chunk or [])]
         return shared, slice(start, start + len(items))
+
+    def share_from_first(self, items: list[T]) -> list[T]:
+        """The group's first rank's items on every rank of the group (what only it computed,
+        e.g. an agent's environment replies, that every engine of the group must see)."""
+        if self.tp_size == 1:
+            return items
+        box: list[list[T] | None] = [items if self.tp_rank == 0 else None]
+        first = dist.get_global_rank(self.tp_group, 0)  # type: ignore[arg-type]
+        dist.broadcast_object_list(box, src=first, group=self.tp_group)
+        return box[0] or []

@@ -7,6 +7,9 @@ turns prompt rows into Samples:
   score     the engine's log-probs of given responses (the sync check's engine side);
   stream    fully-async partial rollouts: this rank's share of new rows joins the samples in
             flight, the engine steps, finished groups come back (hybrid.rollout.streaming).
+With rollout.agent.enabled every row is a multi-turn trajectory instead (hybrid.rollout.agent):
+generate runs them to the end; stream keeps them in flight across calls and weight syncs, their
+environments' replies running in threads meanwhile. The engine is driven step by step either way.
 Where the weights come from is the worker's business (the mode switch colocated, a transport
 in the explorer); the host runs the engine on whatever it holds. Streaming requests leave the
 engine (`interrupt`) before any other use of it, and before a weight load.
@@ -25,6 +28,9 @@ import torch
 
 from hybrid.data import Batch
 from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
+from hybrid.rollout.agent.chat import ReplyRenderer
+from hybrid.rollout.agent.environment import Environments
+from hybrid.rollout.agent.flight import AgentFlight
 from hybrid.rollout.base import GeneratedSample, RolloutEngine, prompt_budgets
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.group import RolloutGroup
@@ -33,6 +39,10 @@ from hybrid.rollout.streaming import InFlight
 
 _PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
 """Prompt columns a Sample holds in its own fields, not in its metadata."""
+
+IDLE_WAIT_S = 0.02
+"""How long an agent loop with nothing in the engine waits for an environment reply before
+it looks again (at its deadlines, and in `stream` at its step budget)."""
 
 
 def unpad_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
@@ -110,7 +120,27 @@ class RolloutHost:
         self.tokenizer = tokenizer
         self.group = group
         self.config = config
-        self.in_flight = InFlight(config.n, config.response_length)
+        self.environments: Environments | None = None
+        self.renderer: ReplyRenderer | None = None
+        self.in_flight: InFlight | AgentFlight = InFlight(config.n, config.response_length)
+        if config.agent.enabled:
+            self.environments = Environments(config.agent)
+            self.renderer = ReplyRenderer(tokenizer, self.environments.schemas() or None)
+            self.in_flight = self._agent_flight(greedy=False)
+
+    def _agent_flight(self, greedy: bool) -> AgentFlight:
+        assert self.environments is not None and self.renderer is not None
+        c = self.config
+        return AgentFlight(
+            1 if greedy else c.n,
+            c.response_length,
+            c.max_model_len,
+            self.environments,
+            self.renderer.reply_tokens,
+            self.decode,
+            runs_environments=self.group.speaks_for_group,
+            greedy=greedy,
+        )
 
     @property
     def pad_token_id(self) -> int:
@@ -124,6 +154,8 @@ class RolloutHost:
         greedy), produced by weight `version`. An optional `seed` column seeds each row's
         requests; an `extra_info` column may cap a row's budget (hybrid.rollout.base)."""
         self.interrupt()
+        if self.environments is not None:
+            return self._generate_trajectories(prompts, greedy, version)
         n = 1 if greedy else self.config.n
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
         seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
@@ -138,6 +170,53 @@ class RolloutHost:
             max_tokens=[budget for _, _, budget in shared],
         )[mine.start * n : mine.stop * n]
         return build_samples(prompts, prompt_ids, generated, n, version)
+
+    def _generate_trajectories(self, prompts: Batch, greedy: bool, version: int) -> list[Sample]:
+        """`generate` for agent runs: every row's trajectories run to their end (the TP
+        group's rows together, as `generate` shares them), returned prompt-major."""
+        prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
+        seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
+        budgets = prompt_budgets(prompts, self.config.response_length)
+        uids = prompt_uids(prompts)
+        rows = [
+            (uids[row], prompt_ids[row], row_metadata(prompts, row), budgets[row], seeds[row])
+            for row in range(len(prompts))
+        ]
+        shared, mine = self.group.gather(rows)
+        flight = self._agent_flight(greedy)
+        for position, (uid, ids, metadata, budget, seed) in enumerate(shared):
+            # The flight's uid is the row's position: rows of different TP ranks may share a uid.
+            flight.add(str(position), ids, metadata, budget, seed, name=uid)
+        groups = self._drive(flight, max_steps=None, version=version)[0]
+        by_position = {int(group[0].uid): group for group in groups}
+        out = []
+        for position in range(mine.start, mine.stop):
+            for sample in by_position[position]:
+                sample.uid = shared[position][0]
+                out.append(sample)
+        return out
+
+    def _drive(
+        self, flight: AgentFlight, max_steps: int | None, version: int
+    ) -> tuple[list[list[Sample]], int]:
+        """Step the engine over the flight's trajectories (`max_steps` times, None: until
+        every one ended), submitting each next turn as its reply lands; returns the groups that
+        completed and the tokens the engine generated. Replies are applied on every TP rank in
+        the order the group's first rank saw them."""
+        tokens = steps = 0
+        while flight.active and (max_steps is None or steps < max_steps):
+            for request_id, request in flight.to_submit():
+                self.engine.submit(request_id, request)
+            wait = 0.0
+            if self.engine.has_unfinished():
+                for request_id, new, finished in self.engine.step():
+                    tokens += len(new.token_ids)
+                    flight.record(request_id, new, finished, version)
+            elif flight.awaiting:
+                wait = IDLE_WAIT_S
+            flight.apply(self.group.share_from_first(flight.ready(wait)))
+            steps += 1
+        return flight.take_completed(), tokens
 
     def to_batch(self, samples: list[Sample], prompt_width: int) -> Batch:
         """The padded training batch of `samples` (hybrid.data.sample.samples_to_batch)."""
@@ -165,9 +244,9 @@ class RolloutHost:
         shared, mine = self.group.gather(sequences)
         # One positional argument: tests swap `score` for a base-model scorer of that shape.
         scores = self.engine.score(shared)[mine]
-        return Batch.from_dict(
-            {"engine_log_probs": response_scores(scores, batch.tensors["response_mask"])}
-        )
+        mask = batch.tensors["response_mask"]
+        real = batch.tensors["attention_mask"][:, -mask.shape[1] :]
+        return Batch.from_dict({"engine_log_probs": response_scores(scores, mask, real)})
 
     def stream(self, prompts: Batch | None, max_steps: int | None, version: int) -> Streamed:
         """Take this rank's share of `prompts` (every dp_size-th row, from dp_rank; None: no
@@ -180,6 +259,9 @@ class RolloutHost:
             budgets = prompt_budgets(share, self.config.response_length)
             for row, (uid, ids) in enumerate(zip(prompt_uids(share), prompt_ids, strict=True)):
                 flight.add(uid, ids, row_metadata(share, row), budgets[row])
+        if isinstance(flight, AgentFlight):
+            done, generated = self._drive(flight, max_steps, version)
+            return Streamed(groups=done, tokens=generated, pending_groups=flight.groups)
         for request_id, request in flight.to_submit():
             self.engine.submit(request_id, request)
         groups: list[list[Sample]] = []

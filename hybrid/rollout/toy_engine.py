@@ -241,7 +241,8 @@ class ToyEngine:
         """Queue one sample (its prompt plus the response so far); `step` advances it."""
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in the toy engine")
-        self._live[request_id] = self._request(request, self._settings())
+        settings = GREEDY if request.greedy else self._settings()
+        self._live[request_id] = self._request(request, settings)
 
     @torch.no_grad()
     def step(self) -> list[tuple[str, GeneratedSample, bool]]:

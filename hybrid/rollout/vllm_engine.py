@@ -178,9 +178,9 @@ class VllmEngine:
 
         c = self.config
         params = SamplingParams(
-            temperature=c.temperature,
-            top_p=c.top_p,
-            top_k=c.top_k,
+            temperature=0.0 if request.greedy else c.temperature,
+            top_p=1.0 if request.greedy else c.top_p,
+            top_k=-1 if request.greedy else c.top_k,
             max_tokens=request.max_tokens,
             logprobs=0,
             seed=request.seed if self.seed_requests else None,

@@ -1,4 +1,4 @@
-"""The default run's inputs, built on first use: `python -m hybrid.main` on a fresh checkout.
+"""The demos' inputs, built on first use: `python -m hybrid.main` on a fresh checkout.
 
 configs/config.yaml (its `inputs: demo`, configs/inputs/demo.yaml) points model.path and the
 data files at outputs/demo/, which examples/run_cpu_demo.sh (`make demo`) fills. When a run's
@@ -8,7 +8,9 @@ config names exactly those default paths (`is_demo_run`) and some are missing,
     python -m hybrid.models --output-dir outputs/demo/model --preset tiny --vocab arithmetic --seed 0
     python examples/data/arithmetic.py --output-dir outputs/demo/data --seed 0
 
-(same functions, same bytes). Relative paths are taken from the working directory, as the run
+(same functions, same bytes). The agent demo (configs/agent_demo.yaml) reads outputs/agent_demo/:
+the tiny model in the "agent" vocabulary and the vault task (hybrid/data/agent_task.py), built
+the same way. Relative paths are taken from the working directory, as the run
 itself reads them. A run with any other model or data path is the user's: nothing is built,
 and a missing path is reported by `TrainerRunConfig.check_paths`, naming its field. Each asset
 is built under a temporary name and moved into place, so an interrupted build leaves nothing
@@ -20,10 +22,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from hybrid.data.agent_task import write_agent_task
 from hybrid.data.arithmetic_task import write_arithmetic_task
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.models.tokenizer import VocabName
 from hybrid.trainer.config import TrainerRunConfig
 
 DEMO_MODEL_PATH = "outputs/demo/model"
@@ -33,46 +39,79 @@ DEMO_VAL_FILE = f"{DEMO_DATA_DIR}/test.parquet"
 DEMO_SEED = 0
 
 
+@dataclass(frozen=True)
+class Demo:
+    model_path: str
+    data_dir: str
+    vocab: VocabName
+    write_task: Callable[..., dict[str, Path]]
+
+    @property
+    def train_file(self) -> str:
+        return f"{self.data_dir}/train.parquet"
+
+    @property
+    def val_file(self) -> str:
+        return f"{self.data_dir}/test.parquet"
+
+
+DEMOS = (
+    Demo(DEMO_MODEL_PATH, DEMO_DATA_DIR, "arithmetic", write_arithmetic_task),
+    Demo("outputs/agent_demo/model", "outputs/agent_demo/data", "agent", write_agent_task),
+)
+
+
 def _is(path: str, default: str) -> bool:
     return os.path.normpath(path) == os.path.normpath(default)
 
 
-def is_demo_run(config: TrainerRunConfig) -> bool:
-    """The config reads the demo's model and data at their default paths (validation on the
-    demo's held-out file or off). A run that changed any of them is the user's own: half a
+def demo_of(config: TrainerRunConfig) -> Demo | None:
+    """The demo whose model and data the config reads at their default paths (validation on
+    the demo's held-out file or off). A run that changed any of them is the user's own: half a
     demo (e.g. their model, the demo's prompts) is never filled in behind their back."""
     train, val = config.data.train_files, config.data.val_files
-    return (
-        _is(config.model.path, DEMO_MODEL_PATH)
-        and len(train) == 1
-        and _is(train[0], DEMO_TRAIN_FILE)
-        and (not val or (len(val) == 1 and _is(val[0], DEMO_VAL_FILE)))
-    )
+    for demo in DEMOS:
+        if (
+            _is(config.model.path, demo.model_path)
+            and len(train) == 1
+            and _is(train[0], demo.train_file)
+            and (not val or (len(val) == 1 and _is(val[0], demo.val_file)))
+        ):
+            return demo
+    return None
+
+
+def is_demo_run(config: TrainerRunConfig) -> bool:
+    return demo_of(config) is not None
 
 
 def missing_demo_assets(config: TrainerRunConfig) -> list[Path]:
     """The default demo paths a demo run reads that do not exist (in build order)."""
-    if not is_demo_run(config):
+    demo = demo_of(config)
+    if demo is None:
         return []
-    wanted = [DEMO_MODEL_PATH, DEMO_TRAIN_FILE, *(DEMO_VAL_FILE for _ in config.data.val_files)]
+    wanted = [demo.model_path, demo.train_file, *(demo.val_file for _ in config.data.val_files)]
     return [Path(path) for path in wanted if not Path(path).exists()]
 
 
 def build_missing_demo_assets(config: TrainerRunConfig) -> list[Path]:
     """Build the default demo model and data files this config reads and lacks; returns what
-    was built (empty when nothing was missing or the paths are not the defaults)."""
+    was built (empty when nothing was missing or the paths are not a demo's)."""
+    demo = demo_of(config)
     missing = missing_demo_assets(config)
+    if demo is None or not missing:
+        return []
     for path in missing:
         path.parent.mkdir(parents=True, exist_ok=True)
-    if Path(DEMO_MODEL_PATH) in missing:
-        with tempfile.TemporaryDirectory(dir=Path(DEMO_MODEL_PATH).parent) as tmp:
-            model = TinyModelConfig.preset("tiny", vocab="arithmetic")
+    if Path(demo.model_path) in missing:
+        with tempfile.TemporaryDirectory(dir=Path(demo.model_path).parent) as tmp:
+            model = TinyModelConfig.preset("tiny", vocab=demo.vocab)
             built = build_tiny_model(Path(tmp) / "model", model, seed=DEMO_SEED)
-            built.rename(DEMO_MODEL_PATH)
-    files = [path for path in missing if path != Path(DEMO_MODEL_PATH)]
+            built.rename(demo.model_path)
+    files = [path for path in missing if path != Path(demo.model_path)]
     if files:
-        with tempfile.TemporaryDirectory(dir=DEMO_DATA_DIR) as tmp:
-            written = write_arithmetic_task(tmp, seed=DEMO_SEED)
+        with tempfile.TemporaryDirectory(dir=demo.data_dir) as tmp:
+            written = demo.write_task(tmp, seed=DEMO_SEED)
             for path in files:  # a split that exists is left alone (it has the same bytes)
                 shutil.move(written[path.stem], path)
     return missing
@@ -82,5 +121,5 @@ def demo_notice(built: list[Path]) -> str:
     """The one line the entry point prints after building."""
     return (
         f"[hybrid] built the demo inputs {', '.join(map(str, built))} (they were missing; "
-        "the tiny arithmetic model and task of examples/run_cpu_demo.sh)"
+        "the tiny model and the demo's task, as examples/run_cpu_demo.sh builds them)"
     )

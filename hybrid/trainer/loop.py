@@ -31,6 +31,7 @@ from hybrid.rewards.manager import RewardManager, default_pool_size
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.synchronizer.actor import SynchronizerActor
 from hybrid.trainer import placement
+from hybrid.trainer.agent_setup import check_agent_rows, prepare_agent
 from hybrid.trainer.checkpoints import (
     MANIFEST_FILE,
     checkpoint_dir,
@@ -113,12 +114,17 @@ class Driver:
         check_lora_setup(config.model.path, config.model.lora, config.sync.lora_mode)
         c = self.config = config
         tokenizer = load_tokenizer(c.model.path)
-        self.train_data = PromptDataset(c.data.train_files, tokenizer, c.data.max_prompt_length)
+        self.agent = prepare_agent(c.rollout, tokenizer)
+        tools = (self.agent.schemas or None) if self.agent is not None else None
+        max_prompt = c.data.max_prompt_length
+        self.train_data = PromptDataset(c.data.train_files, tokenizer, max_prompt, tools=tools)
         self.val_data = (
-            PromptDataset(c.data.val_files, tokenizer, c.data.max_prompt_length)
+            PromptDataset(c.data.val_files, tokenizer, max_prompt, tools=tools)
             if c.data.val_files
             else None
         )
+        if self.agent is not None:
+            check_agent_rows(self.agent, self.train_data, self.val_data)
         self.loader = PromptLoader(self.train_data, c.data.train_batch_size, seed=c.data.seed)
         custom = (
             load_reward_function(c.reward.custom_path, c.reward.custom_name)
@@ -261,6 +267,8 @@ class Driver:
         metrics.update(self.source.metrics(worker, step_s))
         metrics.update(self.publisher.metrics(worker))
         metrics["timing_s/step"] = step_s
+        if self.agent is not None:
+            metrics.update(self.agent.metrics)
         tokens_per_s = metrics["perf/tokens"] / step_s
         metrics["perf/throughput"] = tokens_per_s / self.workers.members.training_workers
         return metrics

@@ -32,6 +32,7 @@ from hybrid.algorithms.value_loss import explained_variance
 from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
 from hybrid.rewards.manager import RewardManager, RewardStream
+from hybrid.rollout.agent.stats import COUNTED, agent_metrics
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.judge import Judge
@@ -178,6 +179,8 @@ class TrainStep:
                 "perf/tokens": float(rollout["attention_mask"].sum()),
             }
         )
+        if "agent_stats" in rollout:
+            metrics.update(agent_metrics(list(rollout["agent_stats"])))
         # Without a KL loss (or during the critic's warm-up) the update reports none.
         metrics.setdefault("actor/kl_loss", 0.0)
         metrics.setdefault("rollout/logprob_diff_mean", 0.0)
@@ -229,6 +232,8 @@ class TrainStep:
             rewards = token_level_rewards(scores, mask, kl, self.kl_ctrl.value)
             metrics = {"critic/kl": current_kl, "critic/kl_coeff": self.kl_ctrl.value}
             self.kl_ctrl.update(current_kl, len(rollout))
+        if "env_rewards" in t:  # an environment's per-turn rewards, at each turn's end
+            rewards = rewards + t["env_rewards"] * mask
         values = t["values"] if self.members.critic is not None else None
         found = compute_advantages(
             a.adv_estimator,
@@ -293,7 +298,7 @@ def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
             merged[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
         elif key.endswith("_max") or key.endswith("/max"):
             merged[key] = max(values)
-        elif key.startswith("timing_s/") or key in SUMMED:
+        elif key.startswith(("timing_s/", *COUNTED)) or key in SUMMED:
             merged[key] = sum(values)
         else:
             merged[key] = sum(values) / len(values)

@@ -137,7 +137,8 @@ class ActorRolloutWorker(ActorWorker):
         self.ledger.record("rollout/generate", reuse_components=True)
         generated = self.rollout.to_batch(samples, batch.tensors["input_ids"].shape[1])
         n = 1 if greedy else self.config.rollout.n
-        return beside_prompts(batch, generated.select(_GENERATED_COLUMNS), n)
+        columns = [*_GENERATED_COLUMNS, *(c for c in _AGENT_COLUMNS if c in generated)]
+        return beside_prompts(batch, generated.select(columns), n)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_engine_log_prob(self, batch: Batch) -> Batch:
@@ -206,6 +207,8 @@ _GENERATED_COLUMNS = (
     "position_ids",
     "response_text",
 )
+_AGENT_COLUMNS = ("env_rewards", "agent_stats")
+"""What an agent run's trajectories add (hybrid.data.sample)."""
 
 
 def beside_prompts(prompts: Batch, generated: Batch, n: int) -> Batch:

@@ -35,9 +35,11 @@ def prompt_texts(batch: Batch, tokenizer: Any) -> list[str]:
 
 
 def response_texts(batch: Batch, tokenizer: Any) -> list[str]:
-    """Each row's sampled tokens decoded by the policy's tokenizer (special tokens, the end
-    of turn among them, dropped: the reward model's template adds its own)."""
-    responses, mask = batch.tensors["responses"], batch.tensors["response_mask"].bool()
+    """Each row's response tokens decoded by the policy's tokenizer (special tokens, the end
+    of turn among them, dropped: the reward model's template adds its own); an agent
+    trajectory's tool replies are read too (the real tokens, not only the trained ones)."""
+    responses = batch.tensors["responses"]
+    mask = batch.tensors["attention_mask"][:, -responses.shape[1] :].bool()
     return [
         tokenizer.decode(responses[row][mask[row]].tolist(), skip_special_tokens=True)
         for row in range(len(batch))

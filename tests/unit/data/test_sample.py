@@ -123,3 +123,49 @@ def test_oldest_version_is_the_staleness_of_a_partial_rollout() -> None:
     resumed.versions = [4, 4, 5]
     assert resumed.oldest_version == 4
     assert sample([1], []).oldest_version == NO_VERSION
+
+
+def trajectory(uid: str = "t") -> Sample:
+    """Two model tokens, a two-token tool reply, one model token."""
+    return Sample(
+        uid=uid,
+        index=0,
+        prompt_ids=[1, 2],
+        response_ids=[10, 11, 50, 51, 12],
+        rollout_log_probs=[-0.1, -0.2, 0.0, 0.0, -0.3],
+        versions=[4, 4, NO_VERSION, NO_VERSION, 5],
+        status=SampleStatus.COMPLETED,
+        loss_mask=[1, 1, 0, 0, 1],
+        token_rewards=[0.0, 0.5, 0.0, 0.0, 0.0],
+        agent_stats={"turns": 2},
+    )
+
+
+def test_a_trajectory_attends_to_its_replies_and_trains_only_its_own_tokens() -> None:
+    batch = samples_to_batch([trajectory()], response_length=6, pad_token_id=0)
+    assert batch["response_mask"].tolist() == [[1, 1, 0, 0, 1, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 1, 0]]
+    assert batch["env_rewards"].tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0, 0.0]]
+    assert list(batch["agent_stats"]) == [{"turns": 2}]
+    assert trajectory().oldest_version == 4  # context tokens have no version
+
+
+def test_trajectories_and_single_turn_samples_do_not_share_a_batch() -> None:
+    single = Sample(
+        uid="s",
+        index=0,
+        prompt_ids=[1],
+        response_ids=[3],
+        rollout_log_probs=[0.0],
+        versions=[0],
+        status=SampleStatus.COMPLETED,
+    )
+    with pytest.raises(ValueError, match="cannot share a batch"):
+        samples_to_batch([trajectory(), single], response_length=6, pad_token_id=0)
+
+
+def test_a_loss_mask_of_the_wrong_length_is_named() -> None:
+    bad = trajectory()
+    bad.loss_mask = [1, 1]
+    with pytest.raises(ValueError, match=r"sample t#0: per-token lists differ"):
+        samples_to_batch([bad], response_length=6, pad_token_id=0)

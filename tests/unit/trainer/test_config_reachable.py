@@ -26,7 +26,8 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
-PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "config")
+DEMOS = ("config", "agent_demo")  # they name their model (built on first use); presets do not
+PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in DEMOS)
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
     "model.lora.alpha": ("model.lora.rank=8",),
@@ -41,6 +42,7 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "reward.model.combine_by_source": ("reward.model.path=some/rm",),
     "reward.judge.combine": ("reward.judge.template_path=some/judge.txt",),
     "reward.judge.combine_by_source": ("reward.judge.template_path=some/judge.txt",),
+    "rollout.agent.enabled": ("rollout.agent.builtin_tools=[calculator]",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {
@@ -51,6 +53,8 @@ VALUES: dict[str, Any] = {
     "reward.model.combine_by_source": {"chat": "replace"},
     "reward.judge.combine_by_source": {"chat": "replace"},
     "reward.judge.pattern": "score=([0-9]+)",
+    "rollout.agent.builtin_tools": ["calculator"],
+    "rollout.agent.environments": {"shop": "shop.py:Shop"},
     "trainer.n_gpus_per_node": 2,
     "trainer.nnodes": 2,
 }

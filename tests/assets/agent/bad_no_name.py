@@ -1,0 +1,3 @@
+"""A schema without function.name."""
+
+TOOLS = [{"type": "function", "function": {"parameters": {"type": "object", "properties": {}}}}]

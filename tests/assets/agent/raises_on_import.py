@@ -1,0 +1,3 @@
+"""A tool file whose import fails."""
+
+raise RuntimeError("cannot reach\nthe dictionary")
