@@ -220,3 +220,124 @@ def test_the_sync_landed_mid_trajectory(run: dict) -> None:
         if {v for v, m in zip(s["versions"], s["mask"], strict=True) if m} == {0, 1}
     ]
     assert both, "no trajectory holds tokens of both versions"
+
+
+# --- tools that misbehave, on the real engine --------------------------------------------------
+
+MISBEHAVING_TOOLS = '''
+import time
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look it up",
+          "parameters": {"type": "object", "properties": {}, "required": []}}}]
+
+
+def lookup(*, mode):
+    if mode == "sleep":
+        time.sleep(60)
+    if mode == "raise":
+        raise RuntimeError("the index is gone")
+    if mode == "huge":
+        return "x" * 10_000_000
+    return "found it"
+
+
+class AlwaysCall:
+    """Every turn calls lookup (a random model would rarely write a call itself)."""
+
+    def parse(self, text):
+        from hybrid.rollout.agent.parsers import ParsedTurn
+        from hybrid.rollout.agent.tools import ToolCall
+
+        return ParsedTurn(calls=[ToolCall("lookup", {})], errors=[])
+'''
+MODES = ("sleep", "raise", "huge", "ok")
+TOOL_TIMEOUT_S = 0.5
+MAX_OUTPUT_CHARS = 64
+
+_MISBEHAVING_CHILD = """
+import json, os, socket, sys, time
+import torch
+import torch.distributed as dist
+
+model_dir, tools, out_path, modes, timeout_s, max_chars = sys.argv[1:7]
+modes = json.loads(modes)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+dist.init_process_group("gloo")
+
+from hybrid.data import Batch
+from hybrid.data.prompts import chat_prompts
+from hybrid.models.tokenizer import load_tokenizer
+from hybrid.rollout.agent.config import AgentConfig
+from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.group import RolloutGroup
+from hybrid.rollout.host import RolloutHost
+from hybrid.rollout.vllm_engine import VllmEngine
+
+agent = AgentConfig(enabled=True, tools_file=tools, tool_parser=tools + ":AlwaysCall", max_turns=2,
+                    max_turn_tokens=4, tool_timeout_s=float(timeout_s),
+                    max_tool_output_chars=int(max_chars))
+config = RolloutConfig(dtype="float32", response_length=200, prompt_length=32, max_model_len=256,
+                       n=2, load_format="auto", kv_cache_memory_bytes=32 << 20, agent=agent)
+tokenizer = load_tokenizer(model_dir)
+engine = VllmEngine(model_dir, config, torch.device("cpu"), "float32")
+host = RolloutHost(engine, tokenizer, RolloutGroup(0, 1, 0, 1), config)
+prompts = chat_prompts(tokenizer, ["find it"] * len(modes), 32)
+infos = [{"tools_kwargs": {"lookup": {"mode": mode}}} for mode in modes]
+prompts = prompts.union(Batch.from_dict({}, {"extra_info": infos}))
+started = time.perf_counter()
+samples = host.generate(prompts, greedy=False, version=0)
+seconds = time.perf_counter() - started
+json.dump({
+    "seconds": seconds,
+    "samples": [{"mode": s.metadata["extra_info"]["tools_kwargs"]["lookup"]["mode"],
+                 "context": tokenizer.decode([t for t, m in zip(s.response_ids, s.loss_mask) if not m]),
+                 "stats": s.agent_stats, "status": s.status.value} for s in samples],
+}, open(out_path, "w"))
+engine.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def misbehaving(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("misbehaving")
+    model_dir = build_tiny_model(
+        root / "model", TinyModelConfig.preset("tiny", vocab="text", dtype="float32"), seed=0
+    )
+    tools = root / "tools.py"
+    tools.write_text(MISBEHAVING_TOOLS)
+    out = root / "out.json"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    args = [str(model_dir), str(tools), str(out), json.dumps(MODES), str(TOOL_TIMEOUT_S)]
+    subprocess.run(
+        [sys.executable, "-c", _MISBEHAVING_CHILD, *args, str(MAX_OUTPUT_CHARS)],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+    )
+    return json.loads(out.read_text())
+
+
+def test_a_misbehaving_tool_ends_as_a_tool_message_within_its_budget(misbehaving: dict) -> None:
+    # Two turns each, every turn a call: a 60 s tool cut at 0.5 s twice, whatever the others do.
+    assert misbehaving["seconds"] < 10 * TOOL_TIMEOUT_S + 5, misbehaving["seconds"]
+    by_mode = {mode: [s for s in misbehaving["samples"] if s["mode"] == mode] for mode in MODES}
+    for mode, samples in by_mode.items():
+        assert len(samples) == 2, mode
+        for s in samples:
+            assert s["stats"]["tool_calls"] == 2 and s["stats"]["truncated"] == "turns", s
+            context = s["context"]
+            if mode == "sleep":
+                assert "timed out" in context and s["stats"]["errors"] == {"timeout": 2}
+            elif mode == "raise":
+                assert "RuntimeError: the index is gone" in context
+                assert s["stats"]["errors"] == {"error": 2}
+            elif mode == "huge":
+                assert "[truncated 9999936 characters]" in context
+                assert context.count("x") <= MAX_OUTPUT_CHARS + len("xxx")
+            else:
+                assert "found it" in context and s["stats"]["errors"] == {}

@@ -107,6 +107,7 @@ def test_fully_async_agent_run_syncs_mid_trajectory(assets: Path, tmp_path: Path
         "sync.method=checkpoint",
         f"sync.checkpoint_dir={out / 'w'}",
         "algorithm.ppo_mini_batch_size=1",
+        "actor.micro_batch_size=8",
         "fully_async.chunk_tokens=1",
         "fully_async.staleness_threshold=2.0",
         "fully_async.max_version_lag=3",
