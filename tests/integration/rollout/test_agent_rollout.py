@@ -322,6 +322,7 @@ def misbehaving(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.full  # the unit tier runs the same cases over a scripted engine (test_flight.py)
 def test_a_misbehaving_tool_ends_as_a_tool_message_within_its_budget(misbehaving: dict) -> None:
     # Two turns each, every turn a call: a 60 s tool cut at 0.5 s twice, whatever the others do.
     assert misbehaving["seconds"] < 10 * TOOL_TIMEOUT_S + 5, misbehaving["seconds"]

@@ -99,3 +99,22 @@ def test_other_paths_that_do_not_exist_still_fail_naming_the_field(
         with pytest.raises(ValueError, match=message + ".* does not exist"):
             default_config(*overrides)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_the_agent_demo_builds_its_own_model_and_vault_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    tools = REPO_ROOT / "examples" / "agent" / "vault_tools.py"
+    config = build_config(
+        compose(
+            "agent_demo",
+            [f"rollout.agent.tools_file={tools}", f"reward.custom_path={tools}"],
+        )
+    )
+    assert "built the demo inputs" in capsys.readouterr().out
+    assert config.rollout.agent.enabled and config.model.path == "outputs/agent_demo/model"
+    for path in ("outputs/agent_demo/model/config.json", "outputs/agent_demo/data/train.parquet"):
+        assert (tmp_path / path).is_file(), path
+    vocab = (tmp_path / "outputs/agent_demo/model/tokenizer.json").read_text()
+    assert '"@"' in vocab and '"+"' not in vocab  # the agent vocabulary, not the arithmetic one
