@@ -114,3 +114,11 @@ def test_fully_async_agent_run_syncs_mid_trajectory(assets: Path, tmp_path: Path
     )
     check_agent_metrics(metrics)
     assert sum(m["agent/multi_version_trajectories"] for m in metrics) > 0
+
+
+@pytest.mark.full
+def test_tensor_parallel_agent_run_shares_the_replies(assets: Path, tmp_path: Path) -> None:
+    """One engine over both ranks (TP 2): only its first rank runs the tools and shares their
+    replies, so both ranks feed the engine the same tokens (else the engine's collectives hang)."""
+    metrics = run_agent(assets, tmp_path / "run", 3, "rollout.tensor_parallel_size=2")
+    check_agent_metrics(metrics)

@@ -58,6 +58,9 @@ FULL_ONLY = {
     # untied) and here as the base of Qwen3's LoRA fp16-direct cell.
     ("qwen2_untied", "full", "fp16-direct"),
     ("qwen3", "full", "fp16-direct"),
+    # LoRA with the direct fp16 sync: test-full (the default tier's budget); LoRA runs by
+    # default through Llama's auto cell, the direct sync through test_direct_load.py.
+    ("qwen3", "lora", "fp16-direct"),
     # Mistral is Llama's layout with its own names; Llama runs by default (with LoRA).
     ("mistral", "full", "auto"),
     ("qwen3", "full", "auto"),

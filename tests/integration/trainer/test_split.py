@@ -253,7 +253,11 @@ def worker_pid(log: Path, side: str, deadline_s: float = 240) -> int:
     raise AssertionError(f"no '{side} rank 0 ready' line in {log}")
 
 
-@pytest.mark.parametrize("side", ["explorer", pytest.param("trainer", marks=pytest.mark.full)])
+# Both sides under test-full (the default tier's budget): the default tier keeps a stopped worker
+# named and killed (tests/integration/controller/test_stall.py) and a receiver whose sender died
+# failing fast (tests/integration/transport/test_memory_and_collective.py).
+@pytest.mark.full
+@pytest.mark.parametrize("side", ["explorer", "trainer"])
 def test_a_killed_worker_ends_the_run_naming_its_side(
     assets: Path, tmp_path: Path, side: str
 ) -> None:
