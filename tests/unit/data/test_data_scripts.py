@@ -235,3 +235,19 @@ def test_scripts_reject_non_positive_counts(tmp_path: Path) -> None:
     for name in ("arithmetic", "countdown"):
         with pytest.raises(SystemExit):
             load_script(name).main(arguments)
+
+
+def test_gsm8k_tools_asks_for_the_tools_and_names_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = read_rows(run_main("gsm8k", tmp_path / "plain")["test"])
+    tools = read_rows(run_main("gsm8k_tools", tmp_path / "tools")["test"])
+    capsys.readouterr()
+    assert len(tools) == len(plain)
+    first, base = tools[0], plain[0]
+    question = base["prompt"][0]["content"].split(" Let's think step by step")[0]
+    content = first["prompt"][0]["content"]
+    assert content.startswith(question) and "calculator tool" in content and "####" in content
+    assert first["extra_info"]["agent_name"] == "tools"
+    assert first["reward_model"] == base["reward_model"]
+    assert first["data_source"] == "openai/gsm8k"
