@@ -1,4 +1,4 @@
-"""Outcome-reward advantages: GRPO, Dr.GRPO, RLOO and REINFORCE++.
+"""Outcome-reward advantages: GRPO, Dr.GRPO, RLOO, REINFORCE++ and REINFORCE++-baseline.
 
 Each prompt is sampled `n` times; the rows sharing a prompt uid form a group. The group-based
 advantage of a row is its score relative to its own group:
@@ -22,9 +22,24 @@ gae.compute_gae_advantages. For masks of leading ones this is verl's result exac
 mask with holes verl differs: it restarts the return at 0 before each masked token, so the
 tokens before a hole do not see the rewards after it.
 
+REINFORCE++-baseline (verl's reinforce_plus_plus_baseline; Hu 2025) puts a group
+baseline under the outcome score and whitens over the batch instead of over the group:
+
+    c_i   = s_i - mean_g     (mean_g taken as 0 in a group of one: the raw score, as verl)
+    A_i,t = (c_i - mu) / sqrt(var + 1e-8)    on every valid token t of row i
+
+with mu and the unbiased var over all valid tokens of the batch (gae.masked_whiten), so a row
+weighs in by its length, as in verl. No discount: verl's estimator reads no gamma, and c_i on
+every token is the undiscounted return-to-go of a score on the last token. Unlike GRPO and
+RLOO, a group of one keeps its score here: with every group a singleton (rollout.n = 1) this
+is REINFORCE++ with gamma = 1 on outcome rewards, not all zeros. A row with no valid token
+gets 0 everywhere and stays out of mu and var; its score (0: gae.token_level_rewards gives
+it none) still counts in its group's mean, as in GRPO and in verl.
+
 Shapes: scores and the group-based advantages (batch,), a per-sequence scalar that
 policy_loss broadcasts over the response tokens; group_ids one hashable per row.
-token_rewards, response_mask and REINFORCE++ advantages (batch, response_len).
+token_rewards, response_mask and the REINFORCE++ advantages, with or without the baseline,
+(batch, response_len).
 """
 
 from __future__ import annotations
@@ -106,6 +121,26 @@ def compute_reinforce_plus_plus_advantages(
             running = torch.where(keep[:, t], rewards[:, t] + gamma * running, running)
             returns[:, t] = torch.where(keep[:, t], running, 0.0)
         return masked_whiten(returns, keep)
+
+
+def compute_reinforce_plus_plus_baseline_advantages(
+    scores: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: Sequence[Hashable] | np.ndarray | torch.Tensor,
+) -> torch.Tensor:
+    """REINFORCE++-baseline advantages (batch, T) float32: the group-centred score on every
+    valid token, whitened over the batch's valid tokens (see the module docstring); 0 where
+    response_mask is 0."""
+    if response_mask.dim() != 2 or response_mask.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"response_mask {tuple(response_mask.shape)} does not fit scores "
+            f"{tuple(scores.shape)}: expected (batch, response_len)"
+        )
+    values, index, counts = _grouped(scores, group_ids)
+    means = torch.zeros_like(counts).index_add(0, index, values) / counts.clamp(min=1)
+    baseline = torch.where(counts[index] > 1, means[index], torch.zeros_like(values))
+    centred = (values - baseline).unsqueeze(-1).expand(response_mask.shape)  # (B, T)
+    return masked_whiten(centred, response_mask)
 
 
 def _grouped(

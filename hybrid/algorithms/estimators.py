@@ -6,6 +6,9 @@ score on each response's last token, minus the in-reward KL penalty when it is o
     grpo                 group-normalised outcome (the rewards summed per row)
     rloo                 leave-one-out baseline within the prompt's group
     reinforce_plus_plus  whitened discounted returns-to-go, per token
+    reinforce_plus_plus_baseline
+                         the outcome minus its group's mean, on every token, whitened over
+                         the batch (verl's estimator of that name; no discount)
     gae                  generalized advantage estimation on the critic's values, whitened;
                          also the returns the critic regresses to
 
@@ -24,11 +27,12 @@ import torch
 from hybrid.algorithms.advantages import (
     compute_grpo_advantages,
     compute_reinforce_plus_plus_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
     compute_rloo_advantages,
 )
 from hybrid.algorithms.gae import compute_gae_advantages
 
-ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gae")
+ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
 NEEDS_VALUES = frozenset({"gae"})
 
 
@@ -69,6 +73,10 @@ def compute_advantages(
     if estimator == "reinforce_plus_plus":
         return Advantages(
             compute_reinforce_plus_plus_advantages(token_rewards, response_mask, gamma)
+        )
+    if estimator == "reinforce_plus_plus_baseline":
+        return Advantages(
+            compute_reinforce_plus_plus_baseline_advantages(outcome, response_mask, group_ids)
         )
     assert values is not None
     advantages, returns = compute_gae_advantages(token_rewards, values, response_mask, gamma, lam)

@@ -5,8 +5,9 @@ Variants implemented:
     [1 - clip_ratio_low, 1 + clip_ratio_high]; equal bounds give vanilla PPO.
   - Dual clip (Ye et al. 2020): for A < 0 the per-token loss is also capped at -A * c, so a
     token whose ratio exploded cannot dominate the batch.
-  - Loss aggregation: token-mean (DAPO), seq-mean-token-sum, seq-mean-token-mean (GRPO paper),
-    seq-mean-token-sum-norm (Dr.GRPO's constant length normaliser).
+  - Loss aggregation: token-mean (DAPO), token-sum (verl's, no normaliser), seq-mean-token-sum,
+    seq-mean-token-mean (GRPO paper), seq-mean-token-sum-norm (Dr.GRPO's constant length
+    normaliser); the seq-mean modes average over the rows with at least one valid token.
   - Truncated importance sampling (TIS) between the rollout engine's and the actor's
     log-probs of the same old policy: per-token weights min(pi_old / pi_rollout, cap).
 
@@ -23,6 +24,7 @@ import torch
 
 LOSS_AGG_MODES = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -43,19 +45,28 @@ def aggregate_loss(
 ) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar; positions where mask == 0 are ignored.
 
-    Modes:
+    Modes, with S the rows that have at least one valid token (sum over b in S):
       "token-mean":              sum(per_token * mask) / global_tokens
+      "token-sum":               sum(per_token * mask)                 (no normaliser)
       "seq-mean-token-sum":      sum_b (sum_t per_token * mask) / global_seqs
       "seq-mean-token-mean":     sum_b (sum_t per_token * mask / len_b) / global_seqs
       "seq-mean-token-sum-norm": sum_b (sum_t per_token * mask / T) / global_seqs
 
-    Contract for the normalisers: `global_tokens` (`global_seqs`) is the response-token (row)
-    count of the WHOLE mini-batch, summed over its micro-batches and over data-parallel ranks.
-    Then the micro-batch losses of one rank add up to that rank's share of the mini-batch
-    loss, independent of the micro-batch size. FSDP/DDP average gradients over ranks, so the
-    caller multiplies each rank's loss by the world size to get the gradient of the global
-    loss. Left as None, they default to this call's own mask.sum() and number of rows (the
-    loss of this call alone).
+    A fully masked row (stale-token masking can empty one) contributes nothing: no term to the
+    sum and no count to the seq-mean normaliser, as in verl's agg_loss. The loss of a batch
+    with such a row equals the loss of the batch without it.
+
+    Contract for the normalisers: `global_tokens` is the response-token count and
+    `global_seqs` the count of rows with at least one response token of the WHOLE mini-batch,
+    summed over its micro-batches and over data-parallel ranks (policy.normalisers). Each
+    micro-batch divides its own sum by these global counts, so the micro-batch losses of one
+    rank add up to that rank's share of the mini-batch loss, independent of the micro-batch
+    size. "token-sum" divides by nothing: each micro-batch's loss is its own masked sum, and
+    those sums add up to the rank's sum. FSDP/DDP average gradients over ranks, so the caller
+    multiplies each rank's loss by the world size to get the gradient of the global loss (for
+    token-sum, of the sum over every rank's tokens, as verl's token-sum). Left as None, the
+    normalisers default to this call's own token count and non-empty row count (the loss of
+    this call alone).
 
     "seq-mean-token-sum-norm" divides by T = mask.shape[-1]; for Dr.GRPO's constant
     normaliser every micro-batch must be padded to the same (maximum) response length.
@@ -72,20 +83,24 @@ def aggregate_loss(
     keep = mask.bool()
     # where(), not multiply: padding may hold inf/NaN, and NaN * 0 is NaN.
     values = torch.where(keep, per_token, 0.0)  # (B, T)
+    if loss_agg_mode == "token-sum":
+        return values.sum()
     if loss_agg_mode == "token-mean":
         if global_tokens is None:
             return values.sum() / keep.sum().clamp(min=1)
         return values.sum() / global_tokens
 
-    seq_sums = values.sum(-1)  # (B,)
+    lengths = keep.sum(-1)  # (B,)
+    seq_sums = values.sum(-1)  # (B,), 0 for an empty row
     if loss_agg_mode == "seq-mean-token-sum":
         per_seq = seq_sums
     elif loss_agg_mode == "seq-mean-token-mean":
-        per_seq = seq_sums / keep.sum(-1).clamp(min=1)
+        per_seq = seq_sums / lengths.clamp(min=1)
     else:  # seq-mean-token-sum-norm
         per_seq = seq_sums / mask.shape[-1]
-    num_seqs = global_seqs if global_seqs is not None else mask.shape[0]
-    return per_seq.sum() / max(num_seqs, 1)
+    if global_seqs is None:
+        return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
+    return per_seq.sum() / global_seqs
 
 
 def policy_loss(

@@ -67,7 +67,7 @@ class DataConfig:
 
 
 OffPolicyCorrection = Literal["none", "tis", "decoupled", "mask"]
-AdvEstimator = Literal["grpo", "gae", "reinforce_plus_plus", "rloo"]
+AdvEstimator = Literal["grpo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
 GROUP_ESTIMATORS = ("grpo", "rloo")
 """Estimators whose baseline is the prompt's other samples: they need rollout.n >= 2."""
 
@@ -97,11 +97,14 @@ class KlControlConfig:
 class AlgorithmConfig:
     adv_estimator: AdvEstimator = "grpo"
     """grpo (group-relative), rloo (leave-one-out baseline), reinforce_plus_plus (whitened
-    returns-to-go), gae (PPO with a critic: generalized advantage estimation on its values)."""
+    returns-to-go), reinforce_plus_plus_baseline (verl's: the outcome minus its group's mean on
+    every token, whitened over the batch), gae (PPO with a critic: generalized advantage
+    estimation on its values)."""
     norm_adv_by_std: bool = True
     """Divide by the group's std (GRPO); False is Dr.GRPO."""
     gamma: float = 1.0
-    """Discount per response token (gae, reinforce_plus_plus), in (0, 1]."""
+    """Discount per response token (gae, reinforce_plus_plus; the outcome estimators and
+    reinforce_plus_plus_baseline take none), in (0, 1]."""
     lam: float = 1.0
     """GAE's lambda, in [0, 1]: 1 = Monte-Carlo returns minus the value, 0 = one-step TD."""
     use_kl_in_reward: bool = False

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
+from hybrid.algorithms.policy_objectives import POLICY_LOSSES, PolicyLossName
 from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoice, Hardware
 from hybrid.rewards.judge import DEFAULT_PATTERN, compile_pattern
 from hybrid.rewards.model_score import COMBINE_CHOICES, Combine
@@ -41,9 +42,13 @@ from hybrid.validation import check_choice, check_positive, check_range
 from hybrid.workers.attention import ATTN_CHOICES, AttnChoice
 
 LossAggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
 ]
-KlKind = Literal["k1", "abs", "k2", "mse", "k3", "low_var_kl"]
+KlKind = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]
 
 
 ALL_LINEAR = "all-linear"
@@ -250,12 +255,27 @@ class ActorConfig(MicroBatching):
     compute dtype)."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """Parameters and optimizer state on CPU outside trainer-mode work."""
+    policy_loss: PolicyLossName = "vanilla"
+    """The policy-gradient loss (hybrid/algorithms/policy_objectives.py, docs/algorithms.md):
+    vanilla (PPO-clip with clip-higher and dual clip), gspo (sequence-level ratio, clipped;
+    its tiny clip range is set through clip_ratio_low/high, e.g. 3e-4 / 4e-4), gspo_token
+    (GSPO's value, per-token gradient), cispo (clipped, detached importance weight on the
+    log-prob gradient; clip_ratio_low=1.0 for no lower bound) or sapo (a soft sigmoid gate,
+    sapo_tau_pos / sapo_tau_neg)."""
     clip_ratio_low: float = 0.2
-    """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
+    """PPO clip: the ratio is kept above 1 - clip_ratio_low (gspo: the sequence ratio; cispo:
+    the importance weight's floor, 1.0 = none)."""
     clip_ratio_high: float = 0.2
-    """PPO clip: the ratio is kept below 1 + clip_ratio_high (DAPO's clip-higher when larger)."""
+    """PPO clip: the ratio is kept below 1 + clip_ratio_high (DAPO's clip-higher when larger;
+    gspo: the sequence ratio; cispo: the importance weight's cap)."""
     clip_ratio_c: float = 3.0
-    """Dual clip: for negative advantages the per-token loss is capped at -A * clip_ratio_c."""
+    """Dual clip: for negative advantages the per-token loss is capped at -A * clip_ratio_c
+    (policy_loss=vanilla only)."""
+    sapo_tau_pos: float = 1.0
+    """SAPO (policy_loss=sapo): the gate's temperature for tokens with a positive advantage."""
+    sapo_tau_neg: float = 1.05
+    """SAPO: the temperature for negative advantages; the paper keeps it above sapo_tau_pos,
+    so that negative updates are damped sooner off-policy."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token losses become one number (token-mean is over the whole mini-batch)."""
     entropy_coeff: float = 0.0
@@ -265,7 +285,7 @@ class ActorConfig(MicroBatching):
     kl_loss_coef: float = 0.001
     """Weight of the KL loss."""
     kl_loss_type: KlKind = "low_var_kl"
-    """KL estimator: k1, abs, k2 (= mse), k3 (= low_var_kl)."""
+    """KL estimator: k1 (= kl, verl's name), abs, k2 (= mse), k3 (= low_var_kl)."""
     tis_cap: float | None = None
     """Truncated importance sampling between rollout and actor log-probs (off when None);
     algorithm.off_policy_correction=tis sets it from algorithm.importance_cap instead."""
@@ -288,6 +308,8 @@ class ActorConfig(MicroBatching):
         check_positive("actor", hsdp_replicas=self.hsdp_replicas)
         check_range("actor", "clip_ratio_low", self.clip_ratio_low, 0.0, 1.0)
         check_positive("actor", clip_ratio_high=self.clip_ratio_high, ppo_epochs=self.ppo_epochs)
+        check_choice("actor", "policy_loss", self.policy_loss, POLICY_LOSSES)
+        check_positive("actor", sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg)
         if self.clip_ratio_c <= 1:
             raise ValueError(f"actor.clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         check_choice("actor", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))

@@ -2,8 +2,9 @@
 
 Per optimizer step (one mini-batch of this rank's rows), for each micro-batch:
     loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl(actor || ref)
-with the PPO-clip family of hybrid.algorithms.policy_loss (clip-higher, dual clip) and, at
-most one of, truncated importance sampling between the rollout's and the actor's old log-probs
+with the policy loss `actor.policy_loss` selects (hybrid.algorithms.policy_objectives: PPO-clip
+with clip-higher and dual clip, GSPO, GSPO-token, CISPO, SAPO) and, at most one of, truncated
+importance sampling between the rollout's and the actor's old log-probs
 (the WorkerSpec's tis_cap) or decoupled PPO (its decoupled_cap, hybrid.algorithms.off_policy):
 the old log-probs are the proximal policy, the rollout's the behaviour policy, and tokens above
 the cap leave the loss. The mini-batch size and the caps are the trainer's derived values
@@ -27,9 +28,9 @@ from hybrid.algorithms.off_policy import decoupled_weights
 from hybrid.algorithms.policy_loss import (
     aggregate_loss,
     compose_actor_loss,
-    policy_loss,
     truncated_importance_weights,
 )
+from hybrid.algorithms.policy_objectives import PolicyLossSettings, select_policy_loss
 from hybrid.data import Batch
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.torch_compat import all_gather_single
@@ -63,6 +64,15 @@ class PolicyTrainer:
         self.spec = spec
         self.pass_config = pass_config
         self.ledger = ledger
+        self.pg_loss = select_policy_loss(config.policy_loss)
+        self.loss_settings = PolicyLossSettings(
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_c=config.clip_ratio_c,
+            sapo_tau_pos=config.sapo_tau_pos,
+            sapo_tau_neg=config.sapo_tau_neg,
+            loss_agg_mode=config.loss_agg_mode,
+        )
 
     def update(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over this rank's rows, one optimizer step per mini-batch."""
@@ -99,6 +109,7 @@ class PolicyTrainer:
         if spec.decoupled_cap is not None:
             fractions["actor/decoupled_kept_frac"] = 0.0
         first_pass = FirstPassStats()
+        pg_parts: list[tuple[float, dict[str, float]]] = []
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
             micro = mini[rows]
             mask = micro.tensors["response_mask"]
@@ -117,18 +128,16 @@ class PolicyTrainer:
             def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
                 return aggregate_loss(per_token, mask, c.loss_agg_mode, global_tokens, global_seqs)
 
-            pg_loss, pg_metrics = policy_loss(
-                log_prob,
-                old_log_prob,
-                advantages,
-                mask,
-                clip_ratio_low=c.clip_ratio_low,
-                clip_ratio_high=c.clip_ratio_high,
-                clip_ratio_c=c.clip_ratio_c,
-                loss_agg_mode=c.loss_agg_mode,
-                global_tokens=global_tokens,
-                global_seqs=global_seqs,
-            )
+            # TIS / decoupled weights ride on the advantages: a positive per-token factor on
+            # A_t. For PPO-clip, CISPO and SAPO that is a per-token weight on the token's loss
+            # (the sign of A_t, which picks a branch or a temperature, is kept). GSPO puts its
+            # row's loss l_i on every token, so token t carries w_t l_i: the row counts with its
+            # tokens' weights (mean weight under seq-mean-token-mean); a token decoupled PPO
+            # drops (w_t = 0) gives up its share, though its log-ratio stays in s_i.
+            pg_loss, pg_metrics = self.pg_loss(
+                log_prob, old_log_prob, advantages, mask, self.loss_settings,
+                global_tokens=global_tokens, global_seqs=global_seqs,
+            )  # fmt: skip
             entropy = aggregate(scores.entropy)
             kl: torch.Tensor | float = 0.0
             if c.use_kl_loss:
@@ -142,9 +151,8 @@ class PolicyTrainer:
             # Scaled like the gradient: the mean over ranks is the loss of the global batch.
             totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
             totals["actor/entropy"] += float(entropy.detach()) * scale
-            share = float(mask.sum()) / local_tokens
-            for key, value in pg_metrics.items():
-                fractions[key] = fractions.get(key, 0.0) + value * share
+            pg_parts.append((float(mask.sum()) / local_tokens, pg_metrics))
+        fractions.update(fold_loss_metrics(pg_parts))
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
         boundary(self.ledger, "update/optimizer_step")
         return {
@@ -184,6 +192,24 @@ class PolicyTrainer:
         return per_token * torch.where(keep, weights, 0.0), kept
 
 
+def fold_loss_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """One optimizer step's loss metrics from its micro-batches' (share of the rank's tokens,
+    metrics): a mean is weighted by the shares; a `*_max` (`*_min`) is the largest (smallest)
+    value of the micro-batches that hold tokens (of all, if none does)."""
+    folded: dict[str, float] = {}
+    for key in dict.fromkeys(key for _, metrics in parts for key in metrics):
+        pairs = [(share, metrics[key]) for share, metrics in parts if key in metrics]
+        if key.endswith(("_max", "_min")):
+            values = [value for share, value in pairs if share > 0] or [v for _, v in pairs]
+            folded[key] = max(values) if key.endswith("_max") else min(values)
+        else:
+            total = 0.0
+            for share, value in pairs:
+                total += value * share
+            folded[key] = total
+    return folded
+
+
 def mean_over_mini_batches(
     batch: Batch, size: int, epochs: int, step: Callable[[Batch], dict[str, float]]
 ) -> dict[str, float]:
@@ -209,11 +235,14 @@ def boundary(
 
 
 def normalisers(mini: Batch) -> tuple[float, float, float]:
-    """(this rank's response tokens, at least 1; response tokens and rows summed over the
-    data-parallel ranks) of a mini-batch: the loss normalisers of an update."""
+    """(this rank's response tokens, at least 1; response tokens and rows with at least one
+    response token, summed over the data-parallel ranks) of a mini-batch: the loss normalisers
+    of an update."""
     mask = mini.tensors["response_mask"]
     tokens = float(mask.sum())
-    global_tokens, global_seqs = global_sums([tokens, float(len(mini))], mask.device)
+    # A fully masked row is no sequence of the seq-mean modes (aggregate_loss's contract).
+    rows_with_tokens = float((mask.sum(-1) > 0).sum())
+    global_tokens, global_seqs = global_sums([tokens, rows_with_tokens], mask.device)
     return max(tokens, 1.0), global_tokens, global_seqs
 
 

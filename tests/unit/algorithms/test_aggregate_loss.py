@@ -51,10 +51,11 @@ def test_padding_with_inf_and_nan_does_not_leak() -> None:
 
 
 def test_empty_rows_and_empty_mask() -> None:
-    # row 1 has no tokens: token-mean 3 / 2 = 1.5; seq-mean-token-mean (1.5 + 0) / 2 rows
+    # row 1 has no tokens: token-mean 3 / 2 = 1.5; seq-mean-token-mean 1.5 / 1 row, the empty
+    # row counts for nothing (verl's rule; tests/unit/algorithms/test_verl_compat.py)
     per_token, mask = torch.tensor([[1.0, 2.0], [5.0, 5.0]]), torch.tensor([[1, 1], [0, 0]])
     assert aggregate_loss(per_token, mask, "token-mean").item() == pytest.approx(1.5)
-    assert aggregate_loss(per_token, mask, "seq-mean-token-mean").item() == pytest.approx(0.75)
+    assert aggregate_loss(per_token, mask, "seq-mean-token-mean").item() == pytest.approx(1.5)
     for mode in LOSS_AGG_MODES:
         assert aggregate_loss(per_token, torch.zeros(2, 2), mode).item() == 0.0
 
@@ -135,7 +136,7 @@ def test_ranks_times_world_size_average_to_the_full_loss() -> None:
 
 def test_unknown_mode_and_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="loss_agg_mode") as info:
-        aggregate_loss(PER_TOKEN, MASK, "token-sum")
+        aggregate_loss(PER_TOKEN, MASK, "seq-sum")
     for mode in LOSS_AGG_MODES:
         assert mode in str(info.value)
     with pytest.raises(ValueError, match="global_tokens"):
