@@ -384,6 +384,31 @@ class CriticConfig(MicroBatching):
         check_choice("critic", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))
 
 
+def combine_for(
+    data_source: str, combine: Combine, by_source: dict[str, Combine] | None
+) -> Combine:
+    """How a scorer's score joins the rule reward for `data_source`: its override, else
+    `combine` (reward.model and reward.judge alike)."""
+    return (by_source or {}).get(data_source, combine)
+
+
+def check_combination(
+    owner: str, combine: str, by_source: dict[str, Combine] | None, coef: float
+) -> None:
+    """A scorer's combine, per-source combines and coefficient (reward.model, reward.judge);
+    each error names the field under `owner`."""
+    check_choice(owner, "combine", combine, COMBINE_CHOICES)
+    if by_source is not None and not isinstance(by_source, dict):
+        raise ValueError(
+            f"{owner}.combine_by_source must map data sources to one of "
+            f"{list(COMBINE_CHOICES)}, got {by_source!r}"
+        )
+    for source, mode in (by_source or {}).items():
+        check_choice(f"{owner}.combine_by_source", str(source), mode, COMBINE_CHOICES)
+    if not math.isfinite(coef) or coef == 0:
+        raise ValueError(f"{owner}.coef must be a finite number other than 0, got {coef}")
+
+
 @dataclass(frozen=True)
 class RewardModelConfig:
     """A discriminative reward model (`reward.model`): a Hugging Face sequence classifier with
@@ -423,23 +448,13 @@ class RewardModelConfig:
         return self.path is not None
 
     def combine_for(self, data_source: str) -> Combine:
-        return (self.combine_by_source or {}).get(data_source, self.combine)
+        return combine_for(data_source, self.combine, self.combine_by_source)
 
     def __post_init__(self) -> None:
         owner = "reward.model"
         if self.path is not None and not self.path.strip():
             raise ValueError(f"{owner}.path is empty: a model directory, or null for none")
-        check_choice(owner, "combine", self.combine, COMBINE_CHOICES)
-        by_source = self.combine_by_source
-        if by_source is not None and not isinstance(by_source, dict):
-            raise ValueError(
-                f"{owner}.combine_by_source must map data sources to one of "
-                f"{list(COMBINE_CHOICES)}, got {by_source!r}"
-            )
-        for source, mode in (by_source or {}).items():
-            check_choice(f"{owner}.combine_by_source", str(source), mode, COMBINE_CHOICES)
-        if not math.isfinite(self.coef) or self.coef == 0:
-            raise ValueError(f"{owner}.coef must be a finite number other than 0, got {self.coef}")
+        check_combination(owner, self.combine, self.combine_by_source, self.coef)
         check_positive(owner, micro_batch_size=self.micro_batch_size, max_length=self.max_length)
         self.precision.check(f"{owner}.precision")
         if self.path is None:
@@ -490,7 +505,7 @@ class JudgeConfig:
         return self.template_path is not None
 
     def combine_for(self, data_source: str) -> Combine:
-        return (self.combine_by_source or {}).get(data_source, self.combine)
+        return combine_for(data_source, self.combine, self.combine_by_source)
 
     def __post_init__(self) -> None:
         owner = "reward.judge"
@@ -498,17 +513,7 @@ class JudgeConfig:
             raise ValueError(f"{owner}.template_path is empty: a template file, or null for none")
         compile_pattern(self.pattern)  # its errors name reward.judge.pattern
         check_positive(owner, max_tokens=self.max_tokens, max_prompt_length=self.max_prompt_length)
-        check_choice(owner, "combine", self.combine, COMBINE_CHOICES)
-        by_source = self.combine_by_source
-        if by_source is not None and not isinstance(by_source, dict):
-            raise ValueError(
-                f"{owner}.combine_by_source must map data sources to one of "
-                f"{list(COMBINE_CHOICES)}, got {by_source!r}"
-            )
-        for source, mode in (by_source or {}).items():
-            check_choice(f"{owner}.combine_by_source", str(source), mode, COMBINE_CHOICES)
-        if not math.isfinite(self.coef) or self.coef == 0:
-            raise ValueError(f"{owner}.coef must be a finite number other than 0, got {self.coef}")
+        check_combination(owner, self.combine, self.combine_by_source, self.coef)
         if self.template_path is None:
             # Settings that change what the reward is: without a judge they would do nothing.
             changed = [
