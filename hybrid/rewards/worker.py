@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
@@ -53,21 +54,12 @@ def serve(inbox: Connection, outbox: Connection, concurrency: int = 1) -> None:
         outbox.send(("failed", f"{type(error).__name__}: {error}"))
         return
     outbox.send(("ready", ""))
-    if concurrency > 1:
-        serve_concurrently(fn, inbox, outbox, concurrency)
-        return
-    while True:
-        try:
-            chunk = inbox.recv()
-        except (EOFError, OSError):  # the pool closed the pipe: done
-            return
-        for task, args in chunk:
+    if concurrency == 1:
+        for task, args in received(inbox):
             outbox.send((task, call(fn, args)))
-
-
-def serve_concurrently(fn: object, inbox: Connection, outbox: Connection, threads: int) -> None:
-    """Each row in a thread as soon as it arrives (the pool never sends more than `threads`
-    rows at once), its answer sent when it is known."""
+        return
+    # Each row in a thread as soon as it arrives (the pool never sends more than
+    # `concurrency` rows at once), its answer sent when it is known.
     sending = threading.Lock()
 
     def run(task: int, args: tuple) -> None:
@@ -75,14 +67,19 @@ def serve_concurrently(fn: object, inbox: Connection, outbox: Connection, thread
         with sending:
             outbox.send((task, outcome))
 
-    with ThreadPoolExecutor(threads, thread_name_prefix="reward") as calls:
-        while True:
-            try:
-                chunk = inbox.recv()
-            except (EOFError, OSError):  # the pool closed the pipe: done
-                return
-            for task, args in chunk:
-                calls.submit(run, task, args)
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="reward") as calls:
+        for task, args in received(inbox):
+            calls.submit(run, task, args)
+
+
+def received(inbox: Connection) -> Iterator[tuple[int, tuple]]:
+    """The rows the pool sends, chunk by chunk, until it closes the pipe."""
+    while True:
+        try:
+            chunk = inbox.recv()
+        except (EOFError, OSError):  # the pool closed the pipe: done
+            return
+        yield from chunk
 
 
 def main(argv: list[str]) -> None:
