@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
-from hybrid.dtypes import Hardware, torch_dtype
 from hybrid.memory.components import ByDevice, parameter_bytes
 from hybrid.memory.ledger import process_ledger
-from hybrid.sharding.offload import Offloader
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.forward import pass_config, score_responses
-from hybrid.workers.fsdp import build_fsdp_model
-from hybrid.workers.parallel import init_parallel
+from hybrid.workers.frozen import build_frozen_model
 
 
 class ReferenceWorker(Worker):
@@ -23,20 +20,14 @@ class ReferenceWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         c = self.config
-        parallel = init_parallel(
-            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
-        )
-        self.device = parallel.device
-        dtype = torch_dtype(c.compute_dtypes(Hardware.detect(self.device)).ref)
-        self.model = build_fsdp_model(
+        frozen = build_frozen_model(
+            c,
+            self.rank_env,
             c.model.path,
-            parallel.fsdp_mesh,
-            self.device,
-            param_dtype=dtype,
-            master_dtype=dtype,
-            attn_implementation=c.model.attn_implementation,
-            trainable=False,
+            lambda hardware: c.compute_dtypes(hardware).ref,
+            c.ref.offload.param_offload,
         )
+        self.model, self.device, self.offloader = frozen.model, frozen.device, frozen.offloader
         self.pass_config = pass_config(
             c.model,
             c.ref.micro_batch_size,
@@ -45,9 +36,6 @@ class ReferenceWorker(Worker):
             "ref.log_prob_max_token_len_per_gpu",
         )
         self.ledger.track("ref", self._components)
-        self.offloader = Offloader(
-            self.model, None, self.device, c.ref.offload.param_offload, optimizer_offload=False
-        )
         self.offloader.offload_params()
         self.ledger.record("init/ref")
 

@@ -25,14 +25,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
-from hybrid.dtypes import Hardware, resolve_dtype, torch_dtype
+from hybrid.dtypes import resolve_dtype
 from hybrid.memory.components import ByDevice, parameter_bytes
 from hybrid.memory.ledger import process_ledger
 from hybrid.models import load_tokenizer
-from hybrid.sharding.offload import Offloader
 from hybrid.workers.config import HybridWorkerConfig, RewardModelConfig
-from hybrid.workers.fsdp import build_fsdp_model
-from hybrid.workers.parallel import init_parallel
+from hybrid.workers.frozen import build_frozen_model
 from hybrid.workers.reward_inputs import encode_texts, packed, padded, render_texts
 
 HEAD_KEY = "score.weight"
@@ -142,23 +140,15 @@ class RewardModelWorker(Worker):
         c, rm = self.config, self.config.reward_model
         if rm.path is None:
             raise ValueError("reward.model.path is null: the reward model member is off")
-        parallel = init_parallel(
-            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
-        )
-        self.device = parallel.device
-        dtype = torch_dtype(
-            resolve_dtype(rm.precision.param_dtype, "trainer", Hardware.detect(self.device))
-        )
-        self.model = build_fsdp_model(
+        frozen = build_frozen_model(
+            c,
+            self.rank_env,
             rm.path,
-            parallel.fsdp_mesh,
-            self.device,
-            param_dtype=dtype,
-            master_dtype=dtype,
-            attn_implementation=c.model.attn_implementation,
-            trainable=False,
+            lambda hardware: resolve_dtype(rm.precision.param_dtype, "trainer", hardware),
+            rm.offload.param_offload,
             value_head=True,
         )
+        self.model, self.device, self.offloader = frozen.model, frozen.device, frozen.offloader
         load_sequence_head(self.model, rm.path)
         self.policy_tokenizer = load_tokenizer(c.model.path)
         self.tokenizer = load_tokenizer(rm.tokenizer_path or rm.path)
@@ -166,9 +156,6 @@ class RewardModelWorker(Worker):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else 0)  # masked out either way
         self.ledger.track("reward_model", self._components)
-        self.offloader = Offloader(
-            self.model, None, self.device, rm.offload.param_offload, optimizer_offload=False
-        )
         self.offloader.offload_params()
         self.ledger.record("init/reward_model")
 
