@@ -27,12 +27,19 @@ from hybrid.algorithms.estimators import compute_advantages
 from hybrid.algorithms.gae import token_level_rewards
 from hybrid.algorithms.kl_control import KLController, kl_in_reward
 from hybrid.algorithms.logprob import masked_mean
-from hybrid.algorithms.off_policy import mask_stale_tokens, version_lag, version_stats
+from hybrid.algorithms.off_policy import (
+    mask_stale_tokens,
+    mismatch_stats,
+    version_lag,
+    version_stats,
+)
 from hybrid.algorithms.value_loss import explained_variance
 from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
 from hybrid.rewards.manager import RewardManager, RewardStream
+from hybrid.rewards.overlong import shape_overlong
 from hybrid.rollout.agent.stats import COUNTED, agent_metrics
+from hybrid.rollout.base import response_budgets
 from hybrid.trainer.balance import balanced_order
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.judge import Judge
@@ -161,6 +168,16 @@ class TrainStep:
             update["rollout/logprob_diff_mean"] = diff_mean
             update["rollout/logprob_diff_max"] = diff_max
             update["actor/entropy_old"] = float(masked_mean(t["entropys"], mask))
+            # The same fresh tokens: k3 KL(rollout || trainer), ratio quantiles and the tokens
+            # beyond algorithm.importance_cap, reported whatever the correction.
+            update.update(
+                mismatch_stats(
+                    t["old_log_probs"],
+                    t["rollout_log_probs"],
+                    fresh,
+                    {"cap": c.algorithm.importance_cap},
+                )
+            )
         metrics.update(update)
         metrics.update({k: v for k, v in worker.items() if k.startswith("memory/")})
         for key in WORKER_PASS_TIMES:
@@ -208,6 +225,18 @@ class TrainStep:
             m.critic.compute_values.submit(rollout) if m.critic is not None else None,
         ]
         scores, metrics = rewards.result()
+        if c.reward.overlong_buffer.enable:
+            # DAPO's length penalty joins the score the advantages see; reward/mean stays the
+            # reward function's (docs/algorithms.md, "Overlong shaping (DAPO)").
+            infos = rollout.non_tensors.get("extra_info")
+            budgets = response_budgets(
+                None if infos is None else list(infos),
+                list(rollout["uid"]),
+                c.rollout.response_length,
+            )
+            penalties, overlong_metrics = shape_overlong(rollout, budgets, c.reward.overlong_buffer)
+            scores = scores + penalties
+            metrics.update(overlong_metrics)
         metrics["timing_s/reward"] = time.perf_counter() - started
         for future in futures:
             if future is not None:
@@ -298,6 +327,8 @@ def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
             merged[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
         elif key.endswith("_max") or key.endswith("/max"):
             merged[key] = max(values)
+        elif key.endswith("_min") or key.endswith("/min"):
+            merged[key] = min(values)
         elif key.startswith(("timing_s/", *COUNTED)) or key in SUMMED:
             merged[key] = sum(values)
         else:
@@ -306,5 +337,13 @@ def merge_updates(parts: list[dict[str, float]]) -> dict[str, float]:
 
 
 SUMMED = frozenset({"perf/tokens", "rollout/fresh_tokens", "actor/masked_stale_tokens"})
-WEIGHTED_BY = {"rollout/logprob_diff_mean": "rollout/fresh_tokens"}
+WEIGHTED_BY = {
+    key: "rollout/fresh_tokens"
+    for key in (
+        "rollout/logprob_diff_mean",
+        "rollout/mismatch_k3",
+        "rollout/ratio_above_cap",
+        "rollout/ratio_below_cap",
+    )
+}
 """Means over a counted subset: an update with none of it (0 fresh tokens) adds nothing."""

@@ -548,24 +548,41 @@ class WorkerSpec:
     pi_proximal / pi_behaviour with the old log-probs as the proximal policy and the rollout
     log-probs as the behaviour policy; tokens whose weight exceeds the cap
     (algorithm.importance_cap) leave the loss. None: off. Excludes tis_cap."""
+    icepop_cap: float | None = None
+    """IcePop, algorithm.off_policy_correction=icepop: like decoupled_cap, but tokens whose
+    weight is outside [1/cap, cap] leave the loss. None: off. Excludes the other caps."""
+    seq_mask_cap: float | None = None
+    """Sequence-level masked IS, algorithm.off_policy_correction=seq_mask_is: rows whose
+    geometric-mean weight is outside [1/cap, cap] leave the loss, the others are weighted by
+    it. None: off. Excludes the other caps."""
+    mismatch_cap: float = 2.0
+    """The cap the rollout/trainer mismatch metrics count tokens beyond
+    (algorithm.importance_cap), whatever the correction, none included."""
 
     def __post_init__(self) -> None:
         if self.mini_batch_rows is not None:
             check_positive("derived", mini_batch_rows=self.mini_batch_rows)
-        if self.tis_cap is not None:
-            check_positive("derived", tis_cap=self.tis_cap)
-        if self.decoupled_cap is not None:
-            check_positive("derived", decoupled_cap=self.decoupled_cap)
-            if self.tis_cap is not None:
-                raise ValueError(
-                    f"tis_cap ({self.tis_cap}) and decoupled_cap ({self.decoupled_cap}) are two "
-                    "corrections of the same rollout/actor gap: set at most one"
-                )
+        caps = {
+            "tis_cap": self.tis_cap,
+            "decoupled_cap": self.decoupled_cap,
+            "icepop_cap": self.icepop_cap,
+            "seq_mask_cap": self.seq_mask_cap,
+        }
+        set_caps = {name: cap for name, cap in caps.items() if cap is not None}
+        for name, cap in set_caps.items():
+            check_positive("derived", **{name: cap})
+        if len(set_caps) > 1:
+            named = " and ".join(f"{name} ({cap})" for name, cap in set_caps.items())
+            raise ValueError(
+                f"{named} are corrections of the same rollout/actor gap: set at most one"
+            )
+        check_positive("derived", mismatch_cap=self.mismatch_cap)
 
     @property
     def corrected(self) -> bool:
         """An off-policy correction weighs the update (it reads rollout_log_probs)."""
-        return self.tis_cap is not None or self.decoupled_cap is not None
+        caps = (self.tis_cap, self.decoupled_cap, self.icepop_cap, self.seq_mask_cap)
+        return any(cap is not None for cap in caps)
 
 
 @dataclass(frozen=True)

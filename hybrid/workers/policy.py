@@ -3,11 +3,13 @@
 Per optimizer step (one mini-batch of this rank's rows), for each micro-batch:
     loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl(actor || ref)
 with the policy loss `actor.policy_loss` selects (hybrid.algorithms.policy_objectives: PPO-clip
-with clip-higher and dual clip, GSPO, GSPO-token, CISPO, SAPO) and, at most one of, truncated
-importance sampling between the rollout's and the actor's old log-probs
-(the WorkerSpec's tis_cap) or decoupled PPO (its decoupled_cap, hybrid.algorithms.off_policy):
-the old log-probs are the proximal policy, the rollout's the behaviour policy, and tokens above
-the cap leave the loss. The mini-batch size and the caps are the trainer's derived values
+with clip-higher and dual clip, GSPO, GSPO-token, CISPO, SAPO) and, at most one of, the
+off-policy corrections between the rollout's and the actor's old log-probs
+(hybrid.algorithms.off_policy): truncated importance sampling (the WorkerSpec's tis_cap),
+decoupled PPO (decoupled_cap: the old log-probs are the proximal policy, the rollout's the
+behaviour policy, and tokens above the cap leave the loss), IcePop (icepop_cap: tokens whose
+ratio leaves [1/cap, cap] leave the loss) or sequence-level masked IS (seq_mask_cap: whole rows
+whose geometric-mean ratio leaves that band). The mini-batch size and the caps are the trainer's derived values
 (`WorkerSpec`), the rest the user's `ActorConfig`.
 
 Normalisers are global: the token (and sequence) counts of the whole mini-batch summed over
@@ -24,7 +26,13 @@ import torch
 import torch.distributed as dist
 
 from hybrid.algorithms.kl import kl_penalty
-from hybrid.algorithms.off_policy import decoupled_weights
+from hybrid.algorithms.off_policy import (
+    decoupled_weights,
+    icepop_weights,
+    merge_ratio_summaries,
+    ratio_summary,
+    seq_mask_is_weights,
+)
 from hybrid.algorithms.policy_loss import (
     aggregate_loss,
     compose_actor_loss,
@@ -106,9 +114,10 @@ class PolicyTrainer:
         on_policy = "old_log_probs" not in mini
         totals = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
         fractions: dict[str, float] = {}
-        if spec.decoupled_cap is not None:
-            fractions["actor/decoupled_kept_frac"] = 0.0
-        first_pass = FirstPassStats()
+        kept_key = kept_fraction_key(spec)
+        if kept_key is not None:
+            fractions[kept_key] = 0.0
+        first_pass = FirstPassStats({"cap": spec.mismatch_cap})
         pg_parts: list[tuple[float, dict[str, float]]] = []
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
             micro = mini[rows]
@@ -122,8 +131,8 @@ class PolicyTrainer:
             if on_policy:
                 first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
             advantages, kept = self._corrected_advantages(micro, old_log_prob)
-            if kept is not None:
-                fractions["actor/decoupled_kept_frac"] += kept / local_tokens
+            if kept is not None and kept_key is not None:
+                fractions[kept_key] += kept / local_tokens
 
             def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
                 return aggregate_loss(per_token, mask, c.loss_agg_mode, global_tokens, global_seqs)
@@ -167,9 +176,9 @@ class PolicyTrainer:
     def _corrected_advantages(
         self, micro: Batch, old_log_prob: torch.Tensor
     ) -> tuple[torch.Tensor, float | None]:
-        """The micro-batch's advantages, (B,) or (B, T), times the per-token weights of TIS or
-        decoupled PPO when one is on; with decoupled PPO also the number of response tokens
-        kept in the loss (else None)."""
+        """The micro-batch's advantages, (B,) or (B, T), times the per-token weights of the
+        correction that is on (TIS, decoupled PPO, IcePop, sequence-level masked IS); with a
+        correction that drops tokens also the number of response tokens kept (else None)."""
         spec = self.spec
         advantages = micro.tensors["advantages"]
         if not spec.corrected:
@@ -180,8 +189,15 @@ class PolicyTrainer:
             # A positive per-token weight on the advantage scales both clip branches alike.
             weights = truncated_importance_weights(old_log_prob, rollout_log_prob, spec.tis_cap)
             return per_token * weights, None
-        assert spec.decoupled_cap is not None  # corrected, and not by TIS
-        weights, keep = decoupled_weights(old_log_prob, rollout_log_prob, spec.decoupled_cap)
+        if spec.decoupled_cap is not None:
+            weights, keep = decoupled_weights(old_log_prob, rollout_log_prob, spec.decoupled_cap)
+        elif spec.icepop_cap is not None:
+            weights, keep = icepop_weights(old_log_prob, rollout_log_prob, spec.icepop_cap)
+        else:
+            assert spec.seq_mask_cap is not None  # corrected, by none of the others
+            weights, keep = seq_mask_is_weights(
+                old_log_prob, rollout_log_prob, micro.tensors["response_mask"], spec.seq_mask_cap
+            )
         # Dropped tokens get weight 0, so they add 0 to the pg loss and to its gradient, while
         # the loss mask, and with it every normaliser (global_tokens, global_seqs, and the
         # per-row length of seq-mean-token-mean), stays unchanged: the loss is the whole
@@ -190,6 +206,18 @@ class PolicyTrainer:
         # metrics (clipfrac, ppo_kl) still average over every response token.
         kept = float((keep & micro.tensors["response_mask"].bool()).sum())
         return per_token * torch.where(keep, weights, 0.0), kept
+
+
+def kept_fraction_key(spec: WorkerSpec) -> str | None:
+    """The metric of the fraction of response tokens a dropping correction keeps; None for
+    none or TIS (which keeps every token)."""
+    if spec.decoupled_cap is not None:
+        return "actor/decoupled_kept_frac"
+    if spec.icepop_cap is not None:
+        return "actor/icepop_kept_frac"
+    if spec.seq_mask_cap is not None:
+        return "actor/seq_mask_is_kept_frac"
+    return None
 
 
 def fold_loss_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
@@ -258,31 +286,44 @@ def global_sums(values: list[float], device: torch.device) -> list[float]:
 
 class FirstPassStats:
     """What the skipped old-log-prob pass would have reported, from the update's own pass:
-    |rollout - actor| log-prob gaps and the actor's entropy, over every rank's tokens. The gaps
-    cover the batch's `fresh_mask` where it has one (decoupled modes: the tokens sampled by the
-    weights the actor holds; older tokens differ by design)."""
+    |rollout - actor| log-prob gaps, the rollout-vs-trainer mismatch (hybrid.algorithms.
+    off_policy.mismatch_stats' keys, counted against `caps`) and the actor's entropy, over every
+    rank's tokens. The gaps cover the batch's `fresh_mask` where it has one (decoupled modes:
+    the tokens sampled by the weights the actor holds; older tokens differ by design).
 
-    def __init__(self) -> None:
+    Every number travels in one all_gather of a fixed-size vector per rank: the sums and
+    maxima, and the rank's ratio summary (counts, extremes and a 1001-point quantile sketch,
+    off_policy.ratio_summary); the merged quantiles are exact on one rank and, across ranks,
+    interpolate each rank's sorted ratios within 1/1000 of a quantile level, for about 8 KB a
+    rank."""
+
+    def __init__(self, caps: dict[str, float]) -> None:
+        self.caps = caps
         self.diff_sum = self.diff_max = self.compared = self.entropy_sum = self.tokens = 0.0
+        self.log_ratios: list[torch.Tensor] = []
 
     def add(self, micro: Batch, log_prob: torch.Tensor, entropy: torch.Tensor) -> None:
         mask = micro.tensors["response_mask"].bool()
         compared = micro.tensors.get("fresh_mask", mask).bool() & mask
-        diff = (micro.tensors["rollout_log_probs"] - log_prob).abs()[compared]
+        log_ratio = (log_prob - micro.tensors["rollout_log_probs"])[compared]
+        diff = log_ratio.abs()
         if diff.numel():
             self.diff_sum += float(diff.sum())
             self.diff_max = max(self.diff_max, float(diff.max()))
             self.compared += diff.numel()
+            self.log_ratios.append(log_ratio.detach())
         self.entropy_sum += float(entropy[mask].sum())
         self.tokens += float(mask.sum())
 
     def metrics(self, device: torch.device) -> dict[str, float]:
-        local = torch.tensor(
+        sums = torch.tensor(
             [self.diff_sum, self.compared, self.entropy_sum, self.tokens, self.diff_max],
             dtype=torch.float64,
             device=device,
         )
-        # One collective for the sums and the maximum: every rank's five numbers.
+        log_ratio = torch.cat(self.log_ratios) if self.log_ratios else sums.new_zeros(0)
+        local = torch.cat([sums, ratio_summary(log_ratio.to(device), self.caps)])
+        # One collective for the sums, the maximum and the ratio summaries: every rank's vector.
         world = dist.get_world_size() if dist.is_initialized() else 1
         every = local.new_empty(world * local.numel())
         if dist.is_initialized():
@@ -290,9 +331,10 @@ class FirstPassStats:
         else:
             every.copy_(local)
         every = every.view(world, local.numel())
-        diff_sum, compared, entropy_sum, tokens, _ = every.sum(0).tolist()
+        diff_sum, compared, entropy_sum, tokens, _ = every[:, : sums.numel()].sum(0).tolist()
         return {
             "rollout/logprob_diff_mean": diff_sum / max(compared, 1.0),
             "rollout/logprob_diff_max": float(every[:, 4].max()),
             "actor/entropy_old": entropy_sum / max(tokens, 1.0),
+            **merge_ratio_summaries(every[:, sums.numel() :], self.caps),
         }

@@ -1,7 +1,9 @@
 """Unit tests for `hybrid.algorithms.off_policy` against hand-computed values: version lags,
 the group admission bound (lag == bound admitted, bound + 1 refused), the stale-token mask,
 decoupled PPO weights and their cap (None, equal, above, a clamped log-ratio), and the
-version statistics (a fully masked row, a one-token response, padding that would lie)."""
+version statistics (a fully masked row, a one-token response, padding that would lie); the
+IcePop and sequence-level masked IS weights, and the mismatch statistics (k3, ratio quantiles,
+tokens beyond a cap) exact on one rank and merged over ranks."""
 
 import math
 
@@ -10,7 +12,12 @@ import torch
 
 from hybrid.algorithms.off_policy import (
     decoupled_weights,
+    icepop_weights,
     mask_stale_tokens,
+    merge_ratio_summaries,
+    mismatch_stats,
+    ratio_summary,
+    seq_mask_is_weights,
     version_lag,
     version_stats,
 )
@@ -151,3 +158,90 @@ def test_version_stats_of_an_empty_mask_are_zero(shape: tuple[int, int]) -> None
         "partial/ratio": 0.0,
         "partial/version_span_max": 0.0,
     }
+
+
+# --- presets and mismatch statistics ---------------------------------------------------------
+
+
+def test_icepop_keeps_the_band_on_both_sides() -> None:
+    # log-ratios ln 3 (above cap 2), ln 2 (on the cap: kept), 0, -ln 2 (on 1/cap: kept),
+    # -ln 3 (below 1/2): the weights are the raw ratios, only the band's tokens are kept
+    behaviour = torch.zeros(1, 5)
+    proximal = torch.tensor([[math.log(3), math.log(2), 0.0, -math.log(2), -math.log(3)]])
+    weights, keep = icepop_weights(proximal, behaviour, 2.0)
+    torch.testing.assert_close(weights, torch.tensor([[3.0, 2.0, 1.0, 0.5, 1 / 3]]))
+    assert keep.tolist() == [[False, True, True, True, False]]
+    with pytest.raises(ValueError, match=r"icepop cap must be > 1, got 1\.0"):
+        icepop_weights(proximal, behaviour, 1.0)
+
+
+def test_seq_mask_is_weighs_rows_by_their_geometric_mean_ratio() -> None:
+    # row 0: log-ratios 0.2, 0.4 (padding 9 ignored) -> g = exp(0.3), inside [1/2, 2]
+    # row 1: log-ratios 1.0, 1.0 -> g = e > 2, masked whole
+    # row 2: one token of log-ratio -1.0 -> g = 1/e < 1/2, masked (a length-1 response)
+    # row 3: no response token -> g = 1, kept (it adds nothing to any loss anyway)
+    proximal = torch.tensor([[0.2, 0.4, 9.0], [1.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [5.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    weights, keep = seq_mask_is_weights(proximal, torch.zeros(4, 3), mask, 2.0)
+    expected = torch.tensor([math.exp(0.3), math.e, math.exp(-1.0), 1.0])[:, None].expand(4, 3)
+    torch.testing.assert_close(weights, expected)
+    assert keep[:, 0].tolist() == [True, False, False, True]
+    assert keep.tolist() == [[row] * 3 for row in [True, False, False, True]]
+    with pytest.raises(ValueError, match="seq_mask_is cap must be > 1"):
+        seq_mask_is_weights(proximal, torch.zeros(4, 3), mask, 0.5)
+    with pytest.raises(ValueError, match="response_mask"):
+        seq_mask_is_weights(proximal, torch.zeros(4, 3), mask[:, :2], 2.0)
+
+
+def test_mismatch_stats_by_hand() -> None:
+    # Ratios r on the four masked tokens: 1, 2, 0.5, 4 (the fifth token is padding).
+    # k3 = (r - 1) - ln r: 0, 1 - ln 2, -0.5 + ln 2, 3 - ln 4 -> mean (3.5 - 2 ln 2) / 4.
+    # sorted r = 0.5, 1, 2, 4: p50 = 1.5; p01 at position 0.03 = 0.5 + 0.03 * 0.5;
+    # p99 at position 2.97 = 2 + 0.97 * 2. Cap 1.5: above 2 and 4, below (1/1.5) 0.5.
+    rollout = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0]])
+    trainer = torch.tensor([[0.0, math.log(2), -math.log(2), math.log(4), 7.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    stats = mismatch_stats(trainer, rollout, mask, {"cap": 1.5, "tight": 1.01})
+    expected = {
+        "rollout/mismatch_k3": (3.5 - 2 * math.log(2)) / 4,
+        "rollout/ratio_p01": 0.515,
+        "rollout/ratio_p50": 1.5,
+        "rollout/ratio_p99": 3.94,
+        "rollout/ratio_min": 0.5,
+        "rollout/ratio_max": 4.0,
+        "rollout/ratio_above_cap": 0.5,
+        "rollout/ratio_below_cap": 0.25,
+        "rollout/ratio_above_tight": 0.5,
+        "rollout/ratio_below_tight": 0.25,
+    }
+    assert stats == pytest.approx(expected)
+    # one token equal on both sides: no mismatch at all
+    same = mismatch_stats(rollout[:, :1], rollout[:, :1], mask[:, :1], {"cap": 2.0})
+    assert same["rollout/mismatch_k3"] == 0.0 and same["rollout/ratio_p99"] == 1.0
+
+
+def test_mismatch_stats_of_an_empty_mask_are_zeros() -> None:
+    stats = mismatch_stats(torch.ones(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), {"cap": 2.0})
+    assert set(stats.values()) == {0.0} and "rollout/ratio_below_cap" in stats
+    with pytest.raises(ValueError, match="mismatch cap 'cap' must be > 0, got 0"):
+        mismatch_stats(torch.ones(2, 3), torch.zeros(2, 3), torch.ones(2, 3), {"cap": 0})
+
+
+def test_merged_rank_summaries_match_the_pooled_stats() -> None:
+    g = torch.Generator().manual_seed(0)
+    log_ratio = torch.randn(20_000, generator=g, dtype=torch.float64) * 0.2
+    caps = {"cap": 1.2}
+    pooled = mismatch_stats(log_ratio[None], torch.zeros(1, 20_000), torch.ones(1, 20_000), caps)
+    # one rank: the reported quantiles lie on the sketch's grid, so they are exact (up to the
+    # rounding of the grid's levels, which moves a position by ~1e-12 of a token)
+    alone = merge_ratio_summaries(ratio_summary(log_ratio, caps)[None], caps)
+    assert alone == pytest.approx(pooled, rel=1e-6)
+    # three unequal ranks and an empty one: sums and extremes exact, quantiles close
+    parts = [log_ratio[:3_000], log_ratio[3_000:15_000], log_ratio[15_000:], log_ratio[:0]]
+    merged = merge_ratio_summaries(torch.stack([ratio_summary(p, caps) for p in parts]), caps)
+    for key in ("mismatch_k3", "ratio_min", "ratio_max", "ratio_above_cap", "ratio_below_cap"):
+        assert merged[f"rollout/{key}"] == pytest.approx(pooled[f"rollout/{key}"], rel=1e-9)
+    for key in ("ratio_p01", "ratio_p50", "ratio_p99"):
+        assert merged[f"rollout/{key}"] == pytest.approx(pooled[f"rollout/{key}"], rel=2e-3)
+    empty = merge_ratio_summaries(ratio_summary(log_ratio[:0], caps)[None], caps)
+    assert set(empty.values()) == {0.0}

@@ -97,6 +97,18 @@ def test_the_fully_async_sizes() -> None:
             ("algorithm.off_policy_correction=decoupled", "actor.tis_cap=2.0"),
             r"algorithm\.off_policy_correction=decoupled .* and actor\.tis_cap \(2\.0\)",
         ),
+        (
+            ("algorithm.off_policy_correction=icepop", "actor.tis_cap=2.0"),
+            r"algorithm\.off_policy_correction=icepop .* and actor\.tis_cap \(2\.0\)",
+        ),
+        (
+            ("algorithm.off_policy_correction=icepop", "algorithm.importance_cap=1"),
+            r"algorithm\.importance_cap must be > 1 with algorithm\.off_policy_correction=icepop",
+        ),
+        (
+            ("algorithm.off_policy_correction=seq_mask_is", "algorithm.importance_cap=0.5"),
+            r"algorithm\.importance_cap must be > 1 .*=seq_mask_is .*got 0\.5",
+        ),
     ],
 )
 def test_bad_fully_async_input_names_the_field(overrides: tuple[str, ...], message: str) -> None:
@@ -112,6 +124,21 @@ def test_the_correction_reaches_the_workers_as_a_derived_value() -> None:
     assert tis.actor.tis_cap is None  # the user's field is left as the user set it
     own = split_config("actor.tis_cap=1.5").worker_config().derived
     assert (own.tis_cap, own.decoupled_cap) == (1.5, None)
+
+
+def test_the_presets_reach_the_workers() -> None:
+    def derived(correction: str) -> tuple[float | None, ...]:
+        config = split_config(
+            f"algorithm.off_policy_correction={correction}", "algorithm.importance_cap=3"
+        )
+        spec = config.worker_config().derived
+        assert spec.mismatch_cap == 3.0  # the metrics' cap, whatever the correction
+        return spec.tis_cap, spec.decoupled_cap, spec.icepop_cap, spec.seq_mask_cap
+
+    assert derived("none") == (None, None, None, None)
+    assert derived("token_tis") == derived("tis") == (3.0, None, None, None)
+    assert derived("icepop") == (None, None, 3.0, None)
+    assert derived("seq_mask_is") == (None, None, None, 3.0)
 
 
 @pytest.mark.parametrize(

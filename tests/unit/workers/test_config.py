@@ -138,6 +138,11 @@ def test_the_spec_refuses_a_cap_that_is_not_positive(cap: float) -> None:
 def test_the_spec_takes_at_most_one_correction() -> None:
     with pytest.raises(ValueError, match=r"tis_cap .*decoupled_cap .*at most one"):
         WorkerSpec(tis_cap=2.0, decoupled_cap=2.0)
+    with pytest.raises(ValueError, match=r"icepop_cap \(2\.0\) and seq_mask_cap \(3\.0\)"):
+        WorkerSpec(icepop_cap=2.0, seq_mask_cap=3.0)
+    assert WorkerSpec(icepop_cap=2.0).corrected and WorkerSpec(seq_mask_cap=2.0).corrected
+    with pytest.raises(ValueError, match=r"mismatch_cap must be > 0, got 0"):
+        WorkerSpec(mismatch_cap=0)
 
 
 def test_compute_dtypes_default_to_auto() -> None:

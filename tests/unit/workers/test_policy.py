@@ -1,6 +1,8 @@
 """PolicyTrainer on a real (tiny, unsharded) HF model in one process: the loss terms compose,
-TIS reweights, decoupled PPO reweights and drops tokens above its cap, missing inputs are
-named, and the micro-batch size does not change the step."""
+TIS reweights, decoupled PPO reweights and drops tokens above its cap, IcePop drops tokens
+outside its band, sequence-level masked IS weighs and drops whole rows, the on-policy pass
+reports the rollout/trainer mismatch, missing inputs are named, and the micro-batch size does
+not change the step."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from hybrid.algorithms.off_policy import mismatch_stats
 from hybrid.data import Batch
 from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
@@ -249,3 +252,59 @@ def test_decoupled_on_policy_uses_the_update_s_own_log_probs(model: torch.nn.Mod
     assert decoupled["actor/decoupled_kept_frac"] == 1.0
     assert decoupled["actor/pg_loss"] == pytest.approx(tis["actor/pg_loss"], rel=1e-6)
     assert _same_step(a, b)
+
+
+def test_icepop_drops_the_tokens_outside_the_band(model: torch.nn.Module) -> None:
+    batch = _batch()
+    old = batch.tensors["old_log_probs"]
+    # old - rollout = 0.5 (weight 1.65, kept), 2.0 (7.39 > cap 2) or -2.0 (0.14 < 1/2): dropped
+    gap = torch.tensor(
+        [[0.5, -2.0, 2.0, 2.0], [0.5, 0.5, 2.0, -2.0], [-2.0, 0.5, 0.5, 0.5], [0.5] * 4]
+    )
+    batch = _with(batch, rollout_log_probs=old - gap)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP)
+    got, a = _update(model, config, batch, spec=WorkerSpec(icepop_cap=2.0))
+    # Response tokens: 2 + 4 + 4 + 4 = 14; kept: 1 + 2 + 3 + 4 = 10.
+    assert got["actor/icepop_kept_frac"] == pytest.approx(10 / 14)
+    assert "actor/decoupled_kept_frac" not in got
+    weights = torch.where(gap == 0.5, math.exp(0.5), 0.0)
+    advantages = batch.tensors["advantages"].unsqueeze(-1) * weights
+    expected, b = _update(model, config, _with(batch, advantages=advantages))
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    assert _same_step(a, b)
+
+
+def test_seq_mask_is_weighs_and_drops_whole_rows(model: torch.nn.Module) -> None:
+    batch = _batch()
+    old = batch.tensors["old_log_probs"]
+    # Mean log-ratio over each row's response tokens (row 0 has two; its padding's 3.0 is
+    # ignored): 0.5 (kept, weight e^0.5), 1.0 (e > cap 2: dropped), 0.25 (kept, e^0.25),
+    # -1.0 (1/e < 1/2: dropped).
+    gap = torch.tensor(
+        [[0.5, 0.5, 3.0, 3.0], [1.0] * 4, [0.5, 0.5, 0.5, -0.5], [-1.0] * 4]
+    )
+    batch = _with(batch, rollout_log_probs=old - gap)
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP, loss_agg_mode="seq-mean-token-mean")
+    got, a = _update(model, config, batch, spec=WorkerSpec(seq_mask_cap=2.0))
+    assert got["actor/seq_mask_is_kept_frac"] == pytest.approx(6 / 14)
+    row_weights = torch.tensor([math.exp(0.5), 0.0, math.exp(0.25), 0.0])
+    advantages = (batch.tensors["advantages"] * row_weights).unsqueeze(-1).expand(4, 4)
+    expected, b = _update(model, config, _with(batch, advantages=advantages.contiguous()))
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    assert _same_step(a, b)
+
+
+def test_the_on_policy_pass_reports_the_mismatch(model: torch.nn.Module) -> None:
+    # Without old_log_probs the update's own pass gives the trainer's side of the ratio.
+    batch = _batch()
+    passes = PassConfig(micro_batch_size=2)
+    current = score_responses(model, batch, passes, with_entropy=True)["log_probs"]
+    without = batch.select([key for key in batch.keys() if key != "old_log_probs"])  # noqa: SIM118
+    config = ActorConfig(micro_batch_size=2, optim=NO_CLIP)
+    got, _ = _update(model, config, without, passes, spec=WorkerSpec(mismatch_cap=1.5))
+    mask = batch.tensors["response_mask"]
+    expected = mismatch_stats(current, batch.tensors["rollout_log_probs"], mask, {"cap": 1.5})
+    assert {k: got[k] for k in expected} == pytest.approx(expected, rel=1e-5)
+    assert got["rollout/mismatch_k3"] > 0 and got["rollout/ratio_max"] > got["rollout/ratio_min"]
