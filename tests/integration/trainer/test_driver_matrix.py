@@ -28,22 +28,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TOY = ("rollout.engine=toy",)
 STEPS = 3
-# (sync.method, sync.style, sync.offset): every transport under each style. By default each
-# transport and each schedule once (about 10 s a run, most of it starting the workers).
-# memory one step off runs by default on vLLM (test_split.py's explorer kill, its first steps).
-DEFAULT_CELLS = [("checkpoint", "fixed", 0), ("nccl", "dynamic_by_explorer", 0)]
+# (sync.method, sync.style, sync.offset): every transport under each style. By default the
+# memory transport one step off and the checkpoint transport under the explorer's schedule
+# (about 10 s a run, most of it starting the workers); nccl runs by default on vLLM
+# (test_split.py's on-policy run across two nodes).
+DEFAULT_CELLS = [("memory", "fixed", 1), ("checkpoint", "dynamic_by_explorer", 0)]
 SPLIT_CELLS = [
     *DEFAULT_CELLS,
     *(
         pytest.param(*cell, marks=pytest.mark.full)
         for cell in [
-            ("memory", "fixed", 1),
+            ("checkpoint", "fixed", 0),
+            ("nccl", "dynamic_by_explorer", 0),
             ("memory", "fixed", 0),
             ("nccl", "fixed", 0),
             ("checkpoint", "fixed", 1),
             ("nccl", "fixed", 1),
             ("memory", "dynamic_by_explorer", 0),
-            ("checkpoint", "dynamic_by_explorer", 0),
         ]
     ),
 ]
@@ -102,6 +103,7 @@ def test_the_transports_deliver_identical_bytes(
     assert digests["memory"] == digests["checkpoint"] == digests["nccl"]
 
 
+@pytest.mark.full  # the default tier's budget; PPO runs by default in test_ppo.py
 def test_ppo_with_validation_on_the_explorers(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
@@ -218,7 +220,8 @@ def test_staleness_stays_bounded_with_a_slow_rollouter(
     assert statistics.mean(m["queue/parts_per_update"] for m in metrics[1:]) > 1.5
 
 
-@pytest.mark.parametrize("mode", [pytest.param("split", marks=pytest.mark.full), "fully_async"])
+@pytest.mark.full  # the default tier's budget; LoRA runs by default colocated (test_lora_grpo.py)
+@pytest.mark.parametrize("mode", ["split", "fully_async"])
 def test_lora_trains_in_the_decoupled_modes(
     ray_cluster: None, assets: Path, tmp_path: Path, mode: str
 ) -> None:
