@@ -55,7 +55,7 @@ LORA_AUTO_BY_DEFAULT = "llama"
 FULL_ONLY = {
     ("qwen2_untied", "full", "auto"),
     # The direct sync of full weights runs by default in test_direct_load.py (tied and
-    # untied) and here as the base of Qwen3's LoRA fp16-direct cell.
+    # untied).
     ("qwen2_untied", "full", "fp16-direct"),
     ("qwen3", "full", "fp16-direct"),
     # LoRA with the direct fp16 sync: test-full (the default tier's budget); LoRA runs by
