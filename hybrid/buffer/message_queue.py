@@ -8,7 +8,8 @@ the explorer workers `put` each group once all its responses are finished, and t
 `max_version_lag` versions behind the trainer's is dropped there and counted, never returned.
 The trainer tells the queue each version it `published`, with how many groups it had trained.
 
-Every group is accounted for: started = trained + dropped + held here + still generating
+Every group is accounted for: started = trained + dropped + filtered (dynamic sampling left
+it out) + held here + still generating
 (`accounting()`), which is what a test of the sync race checks. The queue's length never
 exceeds the production budget (admission bounds it; a put beyond it is a bug and raises).
 One `threading.Condition` guards all state, so the threaded actor serves a blocked `take` and
@@ -63,7 +64,7 @@ class MessageQueue:
         self._cond = threading.Condition()
         self._groups: deque[list[Sample]] = deque()
         self._trained_at: dict[int, int] = {start_version: 0}
-        self._started = self._dropped = self._trained = 0
+        self._started = self._dropped = self._trained = self._filtered = 0
         self._admissions: list[Admission] = []
         self._taken_lags: list[int] = []
         """Per trained group, its oldest token's lag when taken."""
@@ -80,7 +81,9 @@ class MessageQueue:
             if version not in self._trained_at:
                 raise KeyError(f"weight version {version} was never published to the queue")
             trained_at = self._trained_at[version]
-            allowed = groups_to_start(self._started, self._dropped, trained_at, self.budget)
+            # A filtered group is never trained, so like a dropped one it hands its place back.
+            gone = self._dropped + self._filtered
+            allowed = groups_to_start(self._started, gone, trained_at, self.budget)
             granted = max(0, min(wanted, allowed))
             self._started += granted
             if granted:
@@ -153,6 +156,21 @@ class MessageQueue:
             self._cond.notify_all()
             return taken
 
+    def filtered(self, count: int) -> None:
+        """`count` groups the trainer took were left out of training by dynamic sampling (their
+        rewards were all equal, or the update had enough): not trained, and the production
+        rule lets the Rollouter start others in their place. A negative count takes back
+        groups reported earlier that are trained after all (a short batch's backfill)."""
+        with self._cond:
+            if not -self._filtered <= count <= self._trained:
+                raise ValueError(
+                    f"filtered {count} groups of {self._trained} taken ({self._filtered} "
+                    "filtered before)"
+                )
+            self._trained -= count
+            self._filtered += count
+            self._cond.notify_all()
+
     # --- both -------------------------------------------------------------------------------
 
     def depth(self) -> int:
@@ -160,15 +178,18 @@ class MessageQueue:
             return len(self._groups)
 
     def accounting(self) -> dict[str, int]:
-        """Where every started group is: trained, dropped, held here, or still generating."""
+        """Where every started group is: trained, dropped (stale), filtered (dynamic
+        sampling), held here, or still generating."""
         with self._cond:
             held = len(self._groups)
+            left = self._trained + self._dropped + self._filtered + held
             return {
                 "started": self._started,
                 "trained": self._trained,
                 "dropped": self._dropped,
+                "filtered": self._filtered,
                 "queued": held,
-                "in_flight": self._started - self._trained - self._dropped - held,
+                "in_flight": self._started - left,
             }
 
     def record(self) -> dict[str, Any]:

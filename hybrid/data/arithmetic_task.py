@@ -59,3 +59,24 @@ def write_arithmetic_task(
         rows = make_rows(num_rows, max_operand, split, rng)
         written[split] = write_rows(rows, Path(output_dir) / f"{split}.parquet")
     return written
+
+
+SFT_FILE = "sft.parquet"
+
+
+def write_arithmetic_sft(
+    output_dir: str | Path, num_rows: int = 1000, seed: int = 0, max_operand: int = 5
+) -> Path:
+    """Write output_dir/sft.parquet: `num_rows` SFT rows in the prompt layout (hybrid/data/sft.py),
+    the prompt "a+b=" as in `make_rows` and the sum as the response; a and b from a generator of
+    its own ([seed, 1]), so the RL splits of `write_arithmetic_task` keep their bytes."""
+    for name, value in (("num_rows", num_rows), ("max_operand", max_operand)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    rng = np.random.default_rng([seed, 1])
+    operands = rng.integers(0, max_operand, size=(num_rows, 2)).tolist()
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{a}+{b}="}], "response": str(a + b)}
+        for a, b in operands
+    ]
+    return write_rows(rows, Path(output_dir) / SFT_FILE)

@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
+from hybrid.data.sample import Sample
 from hybrid.dtypes import Hardware
 from hybrid.rollout.engines import make_engine
 from hybrid.rollout.group import RolloutGroup
@@ -92,6 +93,14 @@ class ExplorerWorker(Worker):
             "gen_s": gen_s,
             "version": float(self.version),
         }
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def explore_samples(self, prompts: Batch) -> list[Sample]:
+        """As `explore`, but the Samples come back to the caller (dynamic sampling scores them
+        before any reaches the buffer); the first rank of each TP group returns them, the
+        others nothing."""
+        samples = self.rollout.generate(prompts, greedy=False, version=self.version)
+        return samples if self.rollout.group.speaks_for_group else []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stream(self, prompts: Batch | None, queue: Any, max_steps: int | None) -> dict[str, float]:

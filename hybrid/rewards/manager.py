@@ -8,7 +8,9 @@ worker processes under a per-call deadline (`num_workers >= 1`, the trainer's de
 `calls_per_worker` calls at once in each, for functions that wait), or inline on the calling
 thread with no deadline (`num_workers=0`). `submit` starts scoring and
 returns at once, so the caller overlaps it with other work (the trainer: the workers' passes);
-`stream` scores a batch whose rows arrive in parts, each part as soon as it is there.
+`stream` scores a batch whose rows arrive in parts, each part as soon as it is there;
+`score_rows` scores rows at once and keeps each row's outcome, so that a chosen subset of them
+(dynamic sampling's kept groups) is summarised later as if only those had been scored.
 
 A row fails when its call times out, raises, returns NaN or inf, or returns something that is
 neither a number nor a dict with a numeric 'score' (ERROR_KINDS). `on_error` says what then:
@@ -25,7 +27,7 @@ import logging
 import os
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import get_args
+from typing import Protocol, get_args
 
 import torch
 
@@ -39,6 +41,14 @@ logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("response_text", "data_source", "ground_truth")
 ON_ERROR_CHOICES = get_args(OnError)
+
+
+class Scores(Protocol):
+    """A batch's rule rewards, being scored or scored already: what a train step waits on."""
+
+    def result(self) -> tuple[torch.Tensor, dict[str, float]]:
+        """(scores (batch,) float32, reward/ metrics), as `RewardManager.score` gives them."""
+        ...
 
 
 class RewardError(RuntimeError):
@@ -92,6 +102,15 @@ class RewardManager:
         and the mean of each extra numeric key the function's dicts carry)."""
         return self.submit(batch).result()
 
+    def score_rows(self, batch: Batch) -> ScoredRows:
+        """Score `batch` now (the failure rules apply to it as to `score`); the result keeps
+        each row's outcome, so that `ScoredRows.select` can summarise a subset of them."""
+        # On the runner thread, as every other call: the pool serves one caller at a time (the
+        # split explorer loop scores while the trainer's step does).
+        outcomes = self._runner.submit(self._outcomes, _calls(batch)).result()
+        scores, _ = self._summarise(batch, outcomes, whole=False)
+        return ScoredRows(self, batch, outcomes, scores)
+
     def close(self) -> None:
         """Stop scoring (a batch still in the pool is abandoned) and end the processes."""
         if self.pool is not None:
@@ -106,11 +125,14 @@ class RewardManager:
         return [call(self.reward_fn, args) for args in calls]  # what a worker does
 
     def _summarise(
-        self, batch: Batch, outcomes: list[Outcome]
+        self, batch: Batch, outcomes: list[Outcome], report: bool = True, whole: bool = True
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """`report`: apply reward.on_error to the failed rows (False: reported already);
+        `whole`: the rows are a train batch, which must not fail entirely (False: a part of
+        one, e.g. a single group that dynamic sampling scores as it arrives)."""
         failed = [row for row, outcome in enumerate(outcomes) if outcome[0] != "ok"]
         if failed:
-            self._handle_failures(batch, outcomes, failed)
+            self._handle_failures(batch, outcomes, failed, report, whole)
         values = [o[1] if o[0] == "ok" else self.error_score for o in outcomes]
         extras: defaultdict[str, list[float]] = defaultdict(list)
         for *_, row_extras in outcomes:
@@ -124,24 +146,33 @@ class RewardManager:
         metrics.update({f"reward/errors/{kind}": float(kinds.count(kind)) for kind in ERROR_KINDS})
         return scores, metrics
 
-    def _handle_failures(self, batch: Batch, outcomes: list[Outcome], failed: list[int]) -> None:
+    def _handle_failures(
+        self,
+        batch: Batch,
+        outcomes: list[Outcome],
+        failed: list[int],
+        report: bool = True,
+        whole: bool = True,
+    ) -> None:
         first = failed[0]
         kind, message = outcomes[first][0], str(outcomes[first][1])
         headline = message.splitlines()[0] if message else kind
         where = _row_name(batch, first)
         count = f"{len(failed)} of {len(outcomes)} rows failed"
-        if self.on_error == "fail":
+        if self.on_error == "fail" and report:
             raise RewardError(
                 f"reward of {where}: {kind}: {headline} ({count}). reward.on_error=fail stops "
                 f"the run; reward.on_error=score gives such rows reward.error_score "
                 f"({self.error_score:g}) and counts them in reward/errors"
             )
-        if len(failed) == len(outcomes):
+        if whole and len(failed) == len(outcomes):
             raise RewardError(
                 f"every reward of the batch failed ({count}); the first, {where}: {kind}: "
                 f"{headline}. Fix the reward function: a step of nothing but error scores "
                 f"trains on nothing"
             )
+        if not report:
+            return
         logger.error(
             "reward of %s: %s: %s; it scores %g (reward.on_error=score; %s, see reward/errors)",
             where,
@@ -177,6 +208,44 @@ class RewardStream:
         outcomes = [outcome for part in self._outcomes for outcome in part.result()]
         whole = self._parts[0] if len(self._parts) == 1 else Batch.concat(self._parts)
         return self._manager._summarise(whole, outcomes)
+
+
+class ScoredRows:
+    """Rows scored already (`RewardManager.score_rows`): their scores, and a `Scores` of any
+    subset of them whose metrics are those of that subset alone (failures were reported when
+    the rows were scored, once)."""
+
+    def __init__(
+        self, manager: RewardManager, batch: Batch, outcomes: list[Outcome], scores: torch.Tensor
+    ) -> None:
+        self._manager, self._batch, self._outcomes = manager, batch, outcomes
+        self.scores = scores
+        """(rows,) float32: each row's score (reward.error_score where its call failed)."""
+
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
+    def select(self, rows: list[int]) -> ScoredRows:
+        return ScoredRows(
+            self._manager,
+            self._batch[rows],
+            [self._outcomes[row] for row in rows],
+            self.scores[rows],
+        )
+
+    @staticmethod
+    def concat(parts: list[ScoredRows]) -> ScoredRows:
+        if not parts:
+            raise ValueError("ScoredRows.concat: no parts")
+        return ScoredRows(
+            parts[0]._manager,
+            Batch.concat([p._batch for p in parts]),
+            [outcome for p in parts for outcome in p._outcomes],
+            torch.cat([p.scores for p in parts]),
+        )
+
+    def result(self) -> tuple[torch.Tensor, dict[str, float]]:
+        return self._manager._summarise(self._batch, self._outcomes, report=False)
 
 
 def _calls(batch: Batch) -> list[tuple]:

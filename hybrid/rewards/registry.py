@@ -8,13 +8,11 @@ least "score" (its other numeric keys become metrics).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from hybrid.rewards import arithmetic, code, countdown, gsm8k, math_reward
+from hybrid.userfiles import import_python_file
 
 RewardFn = Callable[[str, str, Any, dict[str, Any] | None], float | dict[str, Any]]
 """compute_score(data_source, solution_str, ground_truth, extra_info) -> float | {"score": ...}"""
@@ -59,21 +57,7 @@ def compute_score(
 
 def load_reward_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
     """Load the function `name` from the Python file at `path` (not from an installed module)."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"custom reward file not found: {path}")
-    module_name = f"hybrid_custom_reward_{file.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load custom reward file {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    # Registered only while it runs (dataclasses look their module up); left out of sys.modules
-    # afterwards so that cloudpickle ships the function by value to Ray workers.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(module_name, None)
+    module = import_python_file(path, "hybrid_custom_reward", "custom reward file")
     fn = getattr(module, name, None)
     if fn is None:
         raise AttributeError(f"custom reward file {path} defines no function {name!r}")

@@ -27,6 +27,7 @@ from hybrid.workers.config import (
     ActorConfig,
     CriticConfig,
     CriticModelConfig,
+    DistillConfig,
     HybridWorkerConfig,
     JudgeConfig,
     KlKind,
@@ -67,6 +68,54 @@ class DataConfig:
         check_positive("data", val_batch_size=self.val_batch_size)
 
 
+Truncation = Literal["error", "right"]
+"""sft.truncation: what an SFT row longer than sft.max_length does."""
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    """Supervised fine-tuning on the actor before RL (docs/sft.md): one stage of
+    sft.total_steps optimizer steps, then the RL stage starts from its weights."""
+
+    train_files: list[str] = field(default_factory=list)
+    """Parquet or jsonl files of SFT rows: {prompt, response} or {messages}; empty: no SFT."""
+    total_steps: int = 100
+    """Optimizer steps of the SFT stage."""
+    batch_size: int = 16
+    """Rows per SFT step, across the training workers (an equal share each)."""
+    max_length: int = 64
+    """The most tokens of a row, prompt and target together (after the chat template)."""
+    truncation: Truncation = "error"
+    """A row longer than max_length. error: the run stops naming the file and row; right:
+    its last tokens are cut (counted in sft/truncated_rows and a warning)."""
+    lr: float = 1e-5
+    """The AdamW learning rate while SFT runs (RL then trains with actor.optim.lr, from fresh
+    optimizer moments)."""
+    save_freq: int = 0
+    """Checkpoint every N SFT steps under output_dir/sft/checkpoints (0: only at the stage's
+    end; the stage's last step is always saved)."""
+    seed: int = 0
+    """Seed of the SFT rows' shuffle (one order per epoch)."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "sft",
+            total_steps=self.total_steps,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            lr=self.lr,
+        )
+        check_choice("sft", "truncation", self.truncation, get_args(Truncation))
+        if self.save_freq < 0:
+            raise ValueError(
+                f"sft.save_freq must be >= 0 (0: only at the stage's end), got {self.save_freq}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.train_files)
+
+
 OffPolicyCorrection = Literal[
     "none", "tis", "token_tis", "decoupled", "mask", "icepop", "seq_mask_is"
 ]
@@ -96,6 +145,41 @@ class KlControlConfig:
         if self.kl_coef < 0:
             raise ValueError(f"algorithm.kl_ctrl.kl_coef must be >= 0, got {self.kl_coef}")
         check_positive("algorithm.kl_ctrl", target_kl=self.target_kl, horizon=self.horizon)
+
+
+OnExhausted = Literal["error", "short"]
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: a prompt group whose rule rewards are all equal (every sample
+    right, or every one wrong) has no group-relative signal, so it is dropped before the step
+    and more prompts are generated until the step has data.train_batch_size groups that carry
+    one (docs/algorithms.md, "Dynamic sampling (DAPO)")."""
+
+    enable: bool = False
+    """Filter groups and over-sample (needs rollout.n >= 2 and rule rewards only)."""
+    max_num_gen_batches: int = 10
+    """The most generation rounds one train step may take (colocated and split: batches of
+    data.train_batch_size prompts; fully_async: that many times the groups of an update taken
+    from the queue), the first included."""
+    on_exhausted: OnExhausted = "error"
+    """When the rounds run out before the batch is full of informative groups. error: stop the
+    run naming this field; short: train anyway, the batch completed with the uninformative
+    groups the rounds produced (they add no group-relative advantage), counted in
+    filter/groups_backfilled and filter/short_batches."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 1:
+            raise ValueError(
+                "algorithm.filter_groups.max_num_gen_batches must be >= 1 (the rounds a step may "
+                f"take, the first included; verl's <= 0 'unbounded' is refused: a task the "
+                f"policy always or never solves would generate forever), got "
+                f"{self.max_num_gen_batches}"
+            )
+        check_choice(
+            "algorithm.filter_groups", "on_exhausted", self.on_exhausted, get_args(OnExhausted)
+        )
 
 
 @dataclass(frozen=True)
@@ -143,6 +227,9 @@ class AlgorithmConfig:
     (rollout/ratio_above_cap, rollout/ratio_below_cap), whatever the correction."""
     mask_version_lag: int = 1
     """mask: most versions a token may lag and still be trained on."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: groups whose rewards are all equal leave the batch, which is
+    refilled from further generation rounds."""
 
     def __post_init__(self) -> None:
         check_choice("algorithm", "adv_estimator", self.adv_estimator, get_args(AdvEstimator))
@@ -266,7 +353,8 @@ class RewardConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     total_steps: int = 100
-    """Training steps to run (the run ends there)."""
+    """Training steps to run (the run ends there); 0 with sft.train_files set: an SFT-only
+    run (the SFT stage, then the export)."""
     output_dir: str = "outputs/run"
     """Where metrics.jsonl, checkpoints and the final HF model go."""
     num_workers: int = 2
@@ -333,12 +421,11 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         check_timeout("trainer.stall_timeout_s", self.stall_timeout_s)
-        check_positive(
-            "trainer",
-            total_steps=self.total_steps,
-            num_workers=self.num_workers,
-            nnodes=self.nnodes,
-        )
+        check_positive("trainer", num_workers=self.num_workers, nnodes=self.nnodes)
+        if self.total_steps < 0:
+            raise ValueError(
+                f"trainer.total_steps must be >= 0 (0: an SFT-only run), got {self.total_steps}"
+            )
         self._check_nodes()
         check_choice("trainer", "mode", self.mode, get_args(Mode))
         if self.split:
@@ -441,9 +528,12 @@ class TrainerRunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fully_async: FullyAsyncConfig = field(default_factory=FullyAsyncConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
     def __post_init__(self) -> None:
         workers, n = self.trainer.training_workers, self.rollout.n
+        self._check_sft()
         if self.data.max_prompt_length > self.rollout.prompt_length:
             raise ValueError(
                 f"data.max_prompt_length ({self.data.max_prompt_length}) exceeds rollout.prompt_length "
@@ -456,6 +546,7 @@ class TrainerRunConfig:
                 f"is the prompt's other samples), got {n}"
             )
         self._check_critic()
+        self._check_filter_groups()
         overlong = self.reward.overlong_buffer
         if overlong.enable and overlong.len >= self.rollout.response_length:
             raise ValueError(
@@ -514,6 +605,21 @@ class TrainerRunConfig:
         """The reference's log-probs serve the KL loss and the KL penalty in the reward."""
         return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
 
+    def _check_sft(self) -> None:
+        """An SFT-only run needs SFT; the SFT rows of a step split evenly over the actor."""
+        if self.trainer.total_steps == 0 and not self.sft.enabled:
+            raise ValueError(
+                "trainer.total_steps=0 is an SFT-only run and needs sft.train_files (empty: "
+                "SFT is off, and the run would train nothing)"
+            )
+        workers = self.trainer.training_workers
+        if self.sft.enabled and self.sft.batch_size % workers:
+            raise ValueError(
+                f"sft.batch_size ({self.sft.batch_size}) must be divisible by "
+                f"{self._training_workers_field} ({workers}): every worker trains an equal "
+                "share of a step's rows"
+            )
+
     def _check_critic(self) -> None:
         c, t = self.critic, self.trainer
         if t.critic_warmup and not self.use_critic:
@@ -521,7 +627,7 @@ class TrainerRunConfig:
                 f"trainer.critic_warmup ({t.critic_warmup}) needs a critic "
                 f"(algorithm.adv_estimator=gae, got {self.algorithm.adv_estimator})"
             )
-        if t.critic_warmup >= t.total_steps:
+        if t.critic_warmup and t.critic_warmup >= t.total_steps:
             raise ValueError(
                 f"trainer.critic_warmup ({t.critic_warmup}) must be < trainer.total_steps "
                 f"({t.total_steps}): the actor would never be trained"
@@ -538,6 +644,23 @@ class TrainerRunConfig:
                 "algorithm.adv_estimator=gae with LoRA (model.lora.rank > 0) is not supported: "
                 "the critic is a full model; set model.lora.rank=0"
             )
+
+    def _check_filter_groups(self) -> None:
+        if not self.algorithm.filter_groups.enable:
+            return
+        if self.rollout.n < 2:
+            raise ValueError(
+                "algorithm.filter_groups.enable needs rollout.n >= 2 (a group of one sample is "
+                f"always all-equal), got rollout.n={self.rollout.n}"
+            )
+        scorers = (("reward.model.path", self.reward.model), ("reward.judge", self.reward.judge))
+        for name, scorer in scorers:
+            if scorer.enabled:
+                raise ValueError(
+                    f"algorithm.filter_groups.enable filters on the rule rewards, which are "
+                    f"scored as the groups finish; {name} scores on the workers in the step: "
+                    "turn one of them off"
+                )
 
     def _check_split_nodes(self) -> None:
         """Several nodes: each group fills whole nodes of trainer.n_gpus_per_node workers."""
@@ -611,10 +734,15 @@ class TrainerRunConfig:
                 "(the examples/run_*.sh scripts set it)"
             )
         check_model_dir("model.path", self.model.path)
+        if self.distill.teacher_path is not None:
+            check_model_dir("distill.teacher_path", self.distill.teacher_path)
         for name in ("train_files", "val_files"):
             for path in getattr(self.data, name):
                 if not Path(path).exists():
                     raise ValueError(f"data.{name}: {path} does not exist")
+        for path in self.sft.train_files:
+            if not Path(path).exists():
+                raise ValueError(f"sft.train_files: {path} does not exist")
         if self.reward.custom_path is not None and not Path(self.reward.custom_path).exists():
             raise ValueError(f"reward.custom_path: {self.reward.custom_path} does not exist")
         if self.reward.judge.template_path is not None:  # its placeholders, before any worker
@@ -688,6 +816,7 @@ class TrainerRunConfig:
             sync=self.sync,
             critic=critic,
             reward_model=self.reward.model,
+            distill=self.distill,
             derived=self.worker_spec(),
         )
 

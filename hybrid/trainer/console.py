@@ -84,6 +84,7 @@ LINE_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("val/reward_mean", "val", 0),
     ("reward/errors", "reward_errors", 0),  # failed reward rows (reward.on_error=score)
     ("actor/pg_loss", "loss", 2),
+    ("sft/loss", "sft_loss", 2),
     ("actor/kl_loss", "kl", 5),
     ("actor/entropy", "ent", 6),
     ("response_length/mean", "len", 3),
@@ -187,6 +188,7 @@ def startup_summary(
             f"{c.trainer.total_steps} steps x {c.data.train_batch_size} prompts x "
             f"{c.rollout.n} samples",
         ),
+        ("objective", objective) if (objective := objective_line(c)) else None,
         ("outputs", c.trainer.output_dir),
         (
             ("logs", f"{log_dir}/ (trainer.verbose=true shows them here)")
@@ -196,6 +198,26 @@ def startup_summary(
     ]
     title = f"hybrid: {c.algorithm.adv_estimator.upper()} with {count} {device} workers"
     return [title] + [f"  {name:<9} {value}" for name, value in filter(None, rows)]
+
+
+def objective_line(config: TrainerRunConfig) -> str | None:
+    """What the run optimises beyond the estimator, when it is not the plain policy loss."""
+    c, parts = config, []
+    if c.sft.enabled:
+        parts.append(f"SFT for {c.sft.total_steps} steps first")
+    if c.actor.policy_loss != "vanilla":
+        parts.append(f"policy loss {c.actor.policy_loss}")
+    if c.distill.enabled:
+        parts.append(
+            f"distillation from {c.distill.teacher_path} (coef {c.distill.coef:g}, task reward "
+            f"x {c.distill.reward_coef:g})"
+        )
+    if c.algorithm.filter_groups.enable:
+        rounds = c.algorithm.filter_groups.max_num_gen_batches
+        parts.append(f"dynamic sampling (<= {rounds} rounds a step)")
+    if c.reward.overlong_buffer.enable:
+        parts.append(f"overlong shaping over the last {c.reward.overlong_buffer.len} tokens")
+    return "; ".join(parts) or None
 
 
 def final_summary(

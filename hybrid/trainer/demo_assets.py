@@ -8,8 +8,10 @@ config names exactly those default paths (`is_demo_run`) and some are missing,
     python -m hybrid.models --output-dir outputs/demo/model --preset tiny --vocab arithmetic --seed 0
     python examples/data/arithmetic.py --output-dir outputs/demo/data --seed 0
 
-(same functions, same bytes). The agent demo (configs/agent_demo.yaml) reads outputs/agent_demo/:
-the tiny model in the "agent" vocabulary and the vault task (hybrid/data/agent_task.py), built
+(same functions, same bytes). configs/sft_grpo_demo.yaml adds the arithmetic SFT rows
+outputs/demo/data/sft.parquet (`write_arithmetic_sft`), built the same way when its
+sft.train_files name exactly that file. The agent demo (configs/agent_demo.yaml) reads
+outputs/agent_demo/: the tiny model in the "agent" vocabulary and the vault task (hybrid/data/agent_task.py), built
 the same way. Relative paths are taken from the working directory, as the run
 itself reads them. A run with any other model or data path is the user's: nothing is built,
 and a missing path is reported by `TrainerRunConfig.check_paths`, naming its field. Each asset
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid.data.agent_task import write_agent_task
-from hybrid.data.arithmetic_task import write_arithmetic_task
+from hybrid.data.arithmetic_task import write_arithmetic_sft, write_arithmetic_task
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.tokenizer import VocabName
 from hybrid.trainer.config import TrainerRunConfig
@@ -36,6 +38,7 @@ DEMO_MODEL_PATH = "outputs/demo/model"
 DEMO_DATA_DIR = "outputs/demo/data"
 DEMO_TRAIN_FILE = f"{DEMO_DATA_DIR}/train.parquet"
 DEMO_VAL_FILE = f"{DEMO_DATA_DIR}/test.parquet"
+DEMO_SFT_FILE = f"{DEMO_DATA_DIR}/sft.parquet"
 DEMO_SEED = 0
 
 
@@ -45,10 +48,16 @@ class Demo:
     data_dir: str
     vocab: VocabName
     write_task: Callable[..., dict[str, Path]]
+    write_sft: Callable[..., Path] | None = None
+    """Writes the demo's SFT rows into a directory (None: the demo has none)."""
 
     @property
     def train_file(self) -> str:
         return f"{self.data_dir}/train.parquet"
+
+    @property
+    def sft_file(self) -> str:
+        return f"{self.data_dir}/sft.parquet"
 
     @property
     def val_file(self) -> str:
@@ -56,7 +65,7 @@ class Demo:
 
 
 DEMOS = (
-    Demo(DEMO_MODEL_PATH, DEMO_DATA_DIR, "arithmetic", write_arithmetic_task),
+    Demo(DEMO_MODEL_PATH, DEMO_DATA_DIR, "arithmetic", write_arithmetic_task, write_arithmetic_sft),
     Demo("outputs/agent_demo/model", "outputs/agent_demo/data", "agent", write_agent_task),
 )
 
@@ -91,6 +100,9 @@ def missing_demo_assets(config: TrainerRunConfig) -> list[Path]:
     if demo is None:
         return []
     wanted = [demo.model_path, demo.train_file, *(demo.val_file for _ in config.data.val_files)]
+    sft = config.sft.train_files
+    if demo.write_sft is not None and len(sft) == 1 and _is(sft[0], demo.sft_file):
+        wanted.append(demo.sft_file)
     return [Path(path) for path in wanted if not Path(path).exists()]
 
 
@@ -108,7 +120,10 @@ def build_missing_demo_assets(config: TrainerRunConfig) -> list[Path]:
             model = TinyModelConfig.preset("tiny", vocab=demo.vocab)
             built = build_tiny_model(Path(tmp) / "model", model, seed=DEMO_SEED)
             built.rename(demo.model_path)
-    files = [path for path in missing if path != Path(demo.model_path)]
+    if demo.write_sft is not None and Path(demo.sft_file) in missing:
+        with tempfile.TemporaryDirectory(dir=demo.data_dir) as tmp:
+            shutil.move(demo.write_sft(tmp, seed=DEMO_SEED), demo.sft_file)
+    files = [path for path in missing if path not in (Path(demo.model_path), Path(demo.sft_file))]
     if files:
         with tempfile.TemporaryDirectory(dir=demo.data_dir) as tmp:
             written = demo.write_task(tmp, seed=DEMO_SEED)

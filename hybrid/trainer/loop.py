@@ -45,14 +45,17 @@ from hybrid.trainer.metrics import Sinks, drop_rows_after, make_sinks
 from hybrid.trainer.model_rewards import submit_rewards
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.publisher import InProcessPublisher, TransportPublisher, WeightPublisher
+from hybrid.trainer.sft_stage import SftStage
 from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, RolloutSource
 from hybrid.trainer.sources.explorers import ExplorerSide
+from hybrid.trainer.sources.group_filter import DynamicSampling
 from hybrid.trainer.step import StepResult, TrainStep, merge_updates
 from hybrid.trainer.weight_sync import SyncSides, WeightChannel
 from hybrid.workers.config import JudgeConfig, RewardModelConfig
 from hybrid.workers.critic import check_critic_model
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.reward_model import check_reward_model
+from hybrid.workers.teacher import check_teacher_model
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +94,11 @@ def assemble(
     """The source and the publisher of trainer.mode (the one place the mode is read after
     the workers started)."""
     c = config
+    filter_groups = c.algorithm.filter_groups
+    per_update = c.groups_per_update if c.trainer.mode == "fully_async" else c.data.train_batch_size
+    sampling = DynamicSampling(filter_groups, rewards, per_update) if filter_groups.enable else None
     if workers.explorers is None:
-        return ColocatedSource(workers.members.actor, feed), InProcessPublisher()
+        return ColocatedSource(workers.members.actor, feed, sampling), InProcessPublisher()
     out = Path(c.trainer.output_dir)
     synchronizer = SynchronizerActor.remote(
         c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
@@ -104,7 +110,11 @@ def assemble(
     # The queue hands groups over as they finish: their rule rewards can start at once, unless
     # a reward model or the judge scores the batch too (the train step then combines them).
     streamed = None if c.reward.model.enabled or c.reward.judge.enabled else rewards
-    source = QueueSource(side, streamed) if c.trainer.mode == "fully_async" else BufferSource(side)
+    source = (
+        QueueSource(side, streamed, sampling)
+        if c.trainer.mode == "fully_async"
+        else BufferSource(side, sampling)
+    )
     return source, TransportPublisher(sides, c.trainer.output_dir)
 
 
@@ -117,15 +127,25 @@ class Driver:
         self.agent = prepare_agent(c.rollout, tokenizer)
         tools = (self.agent.schemas or None) if self.agent is not None else None
         max_prompt = c.data.max_prompt_length
-        self.train_data = PromptDataset(c.data.train_files, tokenizer, max_prompt, tools=tools)
+        # Read and tokenized before any worker starts: a bad row costs no start-up. An SFT-only
+        # run (trainer.total_steps=0) reads no RL prompts.
+        self.sft = SftStage(c) if c.sft.enabled else None
+        rl = c.trainer.total_steps > 0
+        self.train_data = (
+            PromptDataset(c.data.train_files, tokenizer, max_prompt, tools=tools) if rl else None
+        )
         self.val_data = (
             PromptDataset(c.data.val_files, tokenizer, max_prompt, tools=tools)
-            if c.data.val_files
+            if c.data.val_files and rl
             else None
         )
         if self.agent is not None:
             check_agent_rows(self.agent, self.train_data, self.val_data)
-        self.loader = PromptLoader(self.train_data, c.data.train_batch_size, seed=c.data.seed)
+        self.loader = (
+            PromptLoader(self.train_data, c.data.train_batch_size, seed=c.data.seed)
+            if self.train_data is not None
+            else None
+        )
         custom = (
             load_reward_function(c.reward.custom_path, c.reward.custom_name)
             if c.reward.custom_path
@@ -147,6 +167,8 @@ class Driver:
             check_critic_model(c.critic.model.path or c.model.path, c.model.path)
         if c.reward.model.enabled:
             check_reward_model(c.reward.model)
+        if c.distill.teacher_path is not None:
+            check_teacher_model(c.distill.teacher_path, c.model.path)
         a = c.algorithm
         self.kl_ctrl: KLController | None = (
             make_kl_controller(
@@ -162,21 +184,29 @@ class Driver:
     # --- the run ----------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
-        c = self.config
+        """The SFT stage when sft.train_files are set (hybrid/trainer/sft_stage.py), then RL
+        from its weights (none when trainer.total_steps=0), then the export."""
+        c, sft = self.config, self.sft
         self.start()
         sinks = Sinks([])
         try:
-            # Before the sinks open: a resume takes the rows after its checkpoint out of
-            # metrics.jsonl, which the jsonl sink then appends to.
-            self.resume()
-            sinks = make_sinks(
-                c.trainer.loggers,
-                Path(c.trainer.output_dir),
-                c.trainer.total_steps,
-                dataclasses.asdict(c),
-                log_freq=c.trainer.log_freq,
-            )
-            metrics = self.run(sinks)
+            metrics: dict[str, float] = {}
+            if sft is not None:
+                # Before the RL resume and the first publish: explorers start from its weights.
+                members = self.workers.members
+                metrics = sft.run(self.actor, members.training_workers, self.critic is not None)
+            if c.trainer.total_steps > 0:
+                # Before the sinks open: a resume takes the rows after its checkpoint out of
+                # metrics.jsonl, which the jsonl sink then appends to.
+                self.resume()
+                sinks = make_sinks(
+                    c.trainer.loggers,
+                    Path(c.trainer.output_dir),
+                    c.trainer.total_steps,
+                    dataclasses.asdict(c),
+                    log_freq=c.trainer.log_freq,
+                )
+                metrics = self.run(sinks)
             self.export()
         except BaseException:
             sinks.close()
@@ -200,6 +230,8 @@ class Driver:
         m = self.workers.members
         self.actor, self.critic = m.actor, m.critic
         self.log_memory(0)
+        if self.loader is None or self.train_data is None:
+            return  # SFT alone: no rollouts, no weights to publish
         self.feed = PromptFeed(self.loader, c.trainer.seed)
         try:
             self.source, self.publisher = assemble(
@@ -396,6 +428,7 @@ class Driver:
                 )
             self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
         self.step = int(extra["step"])
+        assert self.loader is not None  # resume runs only with RL steps
         self.loader.load_state_dict(extra["loader"])
         logger.info("resumed from %s at step %d", path, self.step)
 

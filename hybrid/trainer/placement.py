@@ -35,6 +35,7 @@ from hybrid.workers.actor_rollout import ActorRolloutWorker
 from hybrid.workers.critic import CriticWorker
 from hybrid.workers.ref import ReferenceWorker
 from hybrid.workers.reward_model import RewardModelWorker
+from hybrid.workers.teacher import TeacherWorker
 from hybrid.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
@@ -114,12 +115,16 @@ def trainer_members(
     reward_model = views["reward_model"] if c.reward.model.enabled else None
     if reward_model is not None:
         reward_model.init_model()
+    teacher = views["teacher"] if c.distill.enabled else None
+    if teacher is not None:
+        teacher.init_model()
     return Members(
         actor=actor,
         reference=reference,
         critic=critic,
         training_workers=workers,
         reward_model=reward_model,
+        teacher=teacher,
     )
 
 
@@ -143,6 +148,7 @@ def start_colocated(
             "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
             "critic": RayClassWithInitArgs(CriticWorker, worker_config),
             "reward_model": RayClassWithInitArgs(RewardModelWorker, worker_config),
+            "teacher": RayClassWithInitArgs(TeacherWorker, worker_config),
         }
     )
     pool = RayResourcePool(t.process_on_nodes, use_gpu=t.use_gpu)
@@ -160,7 +166,7 @@ def start_colocated(
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:
             raise ValueError(unshared)
-    views = group.spawn(prefix_set={"actor_rollout", "ref", "critic", "reward_model"})
+    views = group.spawn(prefix_set={"actor_rollout", "ref", "critic", "reward_model", "teacher"})
     views["actor_rollout"].init_model()
     facts = dict(views["actor_rollout"].describe()[0])
     members = trainer_members(c, views, "actor_rollout", t.num_workers)
@@ -199,6 +205,7 @@ def start_split(
             "ref": RayClassWithInitArgs(ReferenceWorker, worker_config),
             "critic": RayClassWithInitArgs(CriticWorker, worker_config),
             "reward_model": RayClassWithInitArgs(RewardModelWorker, worker_config),
+            "teacher": RayClassWithInitArgs(TeacherWorker, worker_config),
         }
     )
     group = RayWorkerGroup(
@@ -214,9 +221,9 @@ def start_split(
         unshared = shared_dir_error(t.output_dir, group.ranks_missing, group.rank_nodes)
         if unshared:
             raise ValueError(unshared)
-    # The reference, PPO's critic and the reward model live with the trainer group: they
-    # serve the update.
-    views = group.spawn(prefix_set={"trainer", "ref", "critic", "reward_model"})
+    # The reference, PPO's critic, the reward model and the teacher live with the trainer
+    # group: they serve the update.
+    views = group.spawn(prefix_set={"trainer", "ref", "critic", "reward_model", "teacher"})
     engines = explorers.init_engine.submit()  # the explorers start while the trainers do
     views["trainer"].init_model()
     members = trainer_members(c, views, "trainer", t.num_trainer_workers)

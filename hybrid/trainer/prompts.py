@@ -1,6 +1,6 @@
 """The prompts a run trains on, drawn in order, each row with its sampling seed.
 
-Sampling is a function of (trainer.seed, draw, row), so a resumed run draws what the
+Sampling is a function of (trainer.seed, draw, round, row), so a resumed run draws what the
 uninterrupted one drew. The colocated and split sources draw one batch per step; the
 fully-async Rollouter asks for any number of rows (`rows`), cut from whole batches.
 """
@@ -12,6 +12,9 @@ import threading
 import torch
 
 from hybrid.data import Batch, PromptLoader
+
+ROUND_SEED_STRIDE = 1 << 40
+"""Seed offset of each further generation round of a step (dynamic sampling)."""
 
 
 class PromptFeed:
@@ -25,14 +28,16 @@ class PromptFeed:
         self.last: Batch | None = None
         """The last batch `batch` drew (profiling/bench_floor.py replays its requests)."""
 
-    def batch(self, draw: int) -> Batch:
-        """The loader's next batch, seeded as draw number `draw` (the step, colocated and split)."""
+    def batch(self, draw: int, round: int = 0) -> Batch:
+        """The loader's next batch, seeded as draw number `draw` (the step, colocated and split);
+        `round`: dynamic sampling's further generation rounds of that step."""
         with self._lock:
-            self.last = self._seeded(draw)
+            self.last = self._seeded(draw, round)
             return self.last
 
-    def _seeded(self, draw: int) -> Batch:
-        base = (self.seed * 1_000_003 + draw) * 10_007
+    def _seeded(self, draw: int, round: int = 0) -> Batch:
+        # A step's further rounds draw other prompts, with seeds far from every first round's.
+        base = (self.seed * 1_000_003 + draw) * 10_007 + round * ROUND_SEED_STRIDE
         prompts = self.loader.next_batch()
         return prompts.union(Batch.from_dict({"seed": torch.arange(len(prompts)) + base}))
 

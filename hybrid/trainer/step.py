@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.algorithms.distill import distill_metrics, mix_with_task, reverse_kl_advantages
 from hybrid.algorithms.estimators import compute_advantages
 from hybrid.algorithms.gae import token_level_rewards
+from hybrid.algorithms.group_filter import all_equal_fraction
 from hybrid.algorithms.kl_control import KLController, kl_in_reward
 from hybrid.algorithms.logprob import masked_mean
 from hybrid.algorithms.off_policy import (
@@ -36,7 +38,7 @@ from hybrid.algorithms.off_policy import (
 from hybrid.algorithms.value_loss import explained_variance
 from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
-from hybrid.rewards.manager import RewardManager, RewardStream
+from hybrid.rewards.manager import RewardManager, Scores
 from hybrid.rewards.overlong import shape_overlong
 from hybrid.rollout.agent.stats import COUNTED, agent_metrics
 from hybrid.rollout.base import response_budgets
@@ -97,6 +99,8 @@ class Members:
     """The reward model's scores (reward.model.path set), else None."""
     judge: Judge | None = None
     """The generative judge on the rollout engines (reward.judge.template_path set), else None."""
+    teacher: WorkerGroupView | None = None
+    """The distillation teacher's log-probs (distill.teacher_path set), else None."""
 
 
 @dataclass
@@ -129,7 +133,7 @@ class TrainStep:
         trained_on: int,
         lag_bound: int,
         actor_moved: bool = False,
-        rewards: RewardStream | None = None,
+        rewards: Scores | None = None,
     ) -> StepResult:
         """Score `rollout` and update on it. `trained_on`: the version the actor last published;
         `lag_bound`: the most versions a token may lag (0 colocated); `actor_moved`: the actor
@@ -183,6 +187,8 @@ class TrainStep:
         for key in WORKER_PASS_TIMES:
             if key != "timing_s/values" or self.members.critic is not None:
                 metrics[key] = worker.get(key, 0.0)
+        if self.members.teacher is not None:
+            metrics["timing_s/teacher"] = worker.get("timing_s/teacher", 0.0)
         metrics.update(version_stats(versions, mask, trained_on))
         lengths = mask.sum(-1)
         metrics.update(
@@ -207,7 +213,7 @@ class TrainStep:
     # --- scoring ----------------------------------------------------------------------------
 
     def score(
-        self, rollout: Batch, started_rewards: RewardStream | None = None
+        self, rollout: Batch, started_rewards: Scores | None = None
     ) -> tuple[Batch, dict[str, float]]:
         """The rewards (in the reward processes; the reward model's pass queued first on the
         workers) overlap the workers' other passes. `started_rewards`: the rule rewards a
@@ -223,8 +229,12 @@ class TrainStep:
             m.reference.compute_ref_log_prob.submit(rollout) if c.needs_reference else None,
             None if c.on_policy_update else m.actor.compute_log_prob.submit(rollout),
             m.critic.compute_values.submit(rollout) if m.critic is not None else None,
+            m.teacher.compute_teacher_log_prob.submit(rollout) if m.teacher is not None else None,
         ]
         scores, metrics = rewards.result()
+        # 0 under dynamic sampling (unless a short batch was backfilled); else the share of the
+        # step that teaches a group baseline nothing.
+        metrics["reward/all_equal_groups"] = all_equal_fraction(list(rollout["uid"]), scores)
         if c.reward.overlong_buffer.enable:
             # DAPO's length penalty joins the score the advantages see; reward/mean stays the
             # reward function's (docs/algorithms.md, "Overlong shaping (DAPO)").
@@ -275,7 +285,14 @@ class TrainStep:
             norm_adv_by_std=a.norm_adv_by_std,
         )
         added = {"token_level_scores": scores, "token_level_rewards": rewards}
-        added["advantages"] = found.advantages
+        advantages = found.advantages
+        if self.members.teacher is not None:  # on-policy distillation (docs/algorithms.md)
+            d = self.config.distill
+            student, teacher = t["rollout_log_probs"], t["teacher_log_prob"]
+            distilled = reverse_kl_advantages(student, teacher, mask, d.coef)
+            advantages = mix_with_task(distilled, advantages, mask, d.reward_coef)
+            metrics.update(distill_metrics(student, teacher, mask, distilled))
+        added["advantages"] = advantages
         if found.returns is not None and values is not None:
             added["returns"] = found.returns
             metrics.update(
@@ -285,7 +302,6 @@ class TrainStep:
                     "critic/vf_explained_var": explained_variance(found.returns, values, mask),
                 }
             )
-        advantages = found.advantages
         per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
         metrics["critic/advantages/mean"] = float(masked_mean(per_token, mask))
         return rollout.union(Batch.from_dict(added)), metrics

@@ -39,6 +39,7 @@ from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.lora import adapter_spec, adapters_disabled
 from hybrid.workers.parallel import ParallelState, init_parallel
 from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
 
 
 class WorkerFacts(TypedDict):
@@ -122,6 +123,10 @@ class ActorWorker(Worker):
         self.trainer = PolicyTrainer(
             self.model, self.optimizer, c.actor, c.derived, self.update_pass, self.ledger
         )
+        # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
+        self.sft = SftTrainer(
+            self.model, self.optimizer, self.update_pass, optim.max_grad_norm, self.ledger
+        )
         self._init_rollout()
         self.offloader.offload_optimizer()
         self.offloader.offload_params()
@@ -194,6 +199,20 @@ class ActorWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         with self._phase("update", with_optimizer=True, caller="update_actor"):
             return self.trainer.update(batch.to(self.parallel.device))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def sft_update(self, batch: Batch, lr: float) -> dict[str, float]:
+        """One SFT optimizer step on this rank's rows (hybrid.workers.sft) at learning rate
+        `lr` (sft.lr; end_sft puts actor.optim.lr back)."""
+        with self._phase("sft_update", with_optimizer=True, caller="sft_update"):
+            set_learning_rate(self.optimizer, lr)
+            return self.sft.update(batch.to(self.parallel.device))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def end_sft(self) -> None:
+        """The SFT stage is over: actor.optim.lr again, and no Adam moments (RL starts from
+        the SFT weights with a fresh optimizer)."""
+        reset_optimizer(self.optimizer, self.config.actor.optim.lr)
 
     # --- state ---------------------------------------------------------------------------
 

@@ -384,6 +384,66 @@ class CriticConfig(MicroBatching):
         check_choice("critic", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))
 
 
+@dataclass(frozen=True)
+class DistillConfig(MicroBatching):
+    """On-policy distillation (`distill`): a frozen teacher, any Hugging Face causal LM that
+    reads the student's token ids, scores the tokens the student sampled; the per-token reverse
+    KL becomes the advantage, alone or plus the task reward's (hybrid/algorithms/distill.py,
+    docs/algorithms.md). A trainer-side member beside the reference (hybrid/workers/teacher.py)."""
+
+    TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = ("log_prob_max_token_len_per_gpu",)
+
+    teacher_path: str | None = None
+    """Hugging Face directory of the teacher (a *ForCausalLM whose tokenizer gives every token
+    of the student's the same id; checked before any worker starts). null: no distillation."""
+    coef: float = 1.0
+    """Scale of the distillation advantage: -coef x (log pi_student - log pi_teacher) on each
+    sampled token (>= 0; 0 with reward_coef > 0 logs the reverse KL without training on it)."""
+    reward_coef: float = 0.0
+    """Weight of the task reward's advantage (algorithm.adv_estimator's) added to the
+    distillation advantage (>= 0); 0: distillation alone."""
+    precision: ForwardPrecisionConfig = field(default_factory=ForwardPrecisionConfig)
+    """The dtype the teacher is stored and computed in."""
+    offload: ParamOffloadConfig = field(default_factory=ParamOffloadConfig)
+    """The teacher's weights on CPU outside its pass (CUDA only; no-op on CPU)."""
+    micro_batch_size: int = 8
+    """Rows per forward pass of the teacher (without use_dynamic_bsz)."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: tokens (prompt + response) per micro-batch of the teacher."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher_path is not None
+
+    def __post_init__(self) -> None:
+        owner = "distill"
+        if self.teacher_path is not None and not self.teacher_path.strip():
+            raise ValueError(f"{owner}.teacher_path is empty: a model directory, or null for none")
+        self.precision.check(f"{owner}.precision")
+        self.check_micro_batches(owner)
+        for name in ("coef", "reward_coef"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{owner}.{name} must be a finite number >= 0, got {value}")
+        if self.teacher_path is None:
+            # Settings that change what the advantage is: without a teacher they do nothing.
+            changed = [
+                name
+                for name in ("coef", "reward_coef")
+                if getattr(self, name) != getattr(DistillConfig, name)
+            ]
+            if changed:
+                raise ValueError(
+                    f"{owner}.teacher_path is null (no distillation) but {owner}.{changed[0]} is "
+                    f"set: set {owner}.teacher_path to a teacher model, or drop the setting"
+                )
+        elif self.coef == 0 and self.reward_coef == 0:
+            raise ValueError(
+                f"{owner}.coef and {owner}.reward_coef are both 0: the advantage would be 0 on "
+                "every token; set distill.coef > 0 (distillation) and/or distill.reward_coef > 0"
+            )
+
+
 def combine_for(
     data_source: str, combine: Combine, by_source: dict[str, Combine] | None
 ) -> Combine:
@@ -597,6 +657,8 @@ class HybridWorkerConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """reward.model: the reward model member reads it (off unless its path is set)."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """The teacher member reads it (off unless distill.teacher_path is set)."""
     derived: WorkerSpec = field(default_factory=WorkerSpec)
     """What the trainer derived for the workers (the whole local batch, no correction when
     built by hand)."""

@@ -36,11 +36,11 @@ from hybrid.rollout.agent.tools import (
     ToolCall,
     ToolResult,
     call_tool,
-    import_python_file,
     load_tools,
     row_tool_kwargs,
     tool_schemas,
 )
+from hybrid.userfiles import import_python_file
 
 AGENT_NAME_KEY = "agent_name"
 

@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hybrid.rollout.agent.tools import ToolCall, import_python_file
+from hybrid.rollout.agent.tools import ToolCall
+from hybrid.userfiles import import_python_file
 
 FIELD = "rollout.agent.tool_parser"
 _SNIPPET_CHARS = 200

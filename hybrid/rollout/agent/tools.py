@@ -32,17 +32,16 @@ return value other than a string is shown as JSON. Output past the budget is cut
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal
+
+from hybrid.userfiles import import_python_file, one_line
 
 ToolErrorKind = Literal["timeout", "error", "bad_json", "unknown_tool", "bad_arguments"]
 TOOL_ERROR_KINDS: tuple[str, ...] = (
@@ -97,28 +96,6 @@ class ToolResult:
     """Wall time of the call."""
     truncated: bool
     """The output was cut to the output budget."""
-
-
-def import_python_file(path: str | Path, module_prefix: str, what: str) -> ModuleType:
-    """Execute the Python file at `path` as a module; `what` names it in errors ("tool file")."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist")
-    module_name = f"{module_prefix}_{file.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{what} {path} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    # Registered only while it runs (dataclasses look their module up); left out of sys.modules
-    # afterwards so that cloudpickle ships its functions by value to Ray workers.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        raise ValueError(f"{what} {path} raised while loading: {_one_line(error)}") from error
-    finally:
-        sys.modules.pop(module_name, None)
-    return module
 
 
 def load_tools(path: str | Path) -> dict[str, Tool]:
@@ -312,7 +289,7 @@ def call_tool(
                 (value if isinstance(value, str) else json.dumps(value, default=str), None)
             )
         except BaseException as error:  # whatever the tool does, the model is told
-            outcome.append((f"error: {_one_line(error)}", "error"))
+            outcome.append((f"error: {one_line(error)}", "error"))
 
     # A daemon thread, not a ThreadPoolExecutor's: a tool that never returns must not hold the
     # interpreter at exit.
@@ -377,8 +354,3 @@ def truncate(content: str, max_chars: int) -> tuple[str, bool]:
         return content, False
     # One slice of max_chars: a 10 MB output is not copied whole again.
     return f"{content[:max_chars]}...[truncated {len(content) - max_chars} characters]", True
-
-
-def _one_line(error: BaseException) -> str:
-    message = " ".join(str(error).split())
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hybrid.data import Batch
-from hybrid.rewards.manager import RewardStream
+from hybrid.rewards.manager import Scores
 from hybrid.trainer.step import StepResult
 
 SOURCE_KEYS = frozenset({"timing_s/gen", "timing_s/trainer_wait"})
@@ -27,9 +27,10 @@ class Rollout:
     """One update's rollouts, as a source hands them to the train step."""
 
     batch: Batch
-    rewards: RewardStream | None = None
+    rewards: Scores | None = None
     """Their rule rewards, already being scored (fully_async starts each group's as it leaves
-    the queue); None: the train step starts them."""
+    the queue) or scored (dynamic sampling needed them to choose the groups); None: the train
+    step starts them."""
 
 
 class RolloutSource(Protocol):

@@ -7,6 +7,10 @@ their Samples into the buffer themselves. The trainer takes one train batch of w
 per step, answering sync requests while it waits. Either side's failure stops the other: the
 Synchronizer and the buffer wake every waiter, and the run ends with the first error, which
 names the side.
+
+With dynamic sampling the explorer loop scores each round's groups itself and puts only a train
+batch of informative ones into the buffer, generating further rounds on the same weights as
+needed: the sync schedule and the trainer's side do not change.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from hybrid.buffer.errors import BufferClosedError
 from hybrid.buffer.experience import ExperienceBufferActor
 from hybrid.controller import StallError, WorkerDiedError
 from hybrid.data import Batch
+from hybrid.data.sample import Sample
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
+from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally, GroupFilter
 from hybrid.trainer.step import StepResult
 
 DEATH_GRACE_S = 10.0
@@ -55,6 +61,9 @@ class ExplorerLoop(threading.Thread):
                 waited = time.perf_counter()
                 s.sides.explorer_sync(step)
                 s.sides.times.explorer_wait_s += time.perf_counter() - waited
+                if self.source.sampling is not None:
+                    self.explore_filtered(step)
+                    continue
                 prompts = s.feed.batch(step)
                 self.loader_states[step + 1] = s.feed.position()[0]
                 stats = s.explorers.explore(prompts, buffer, s.config.sync.timeout_s)
@@ -66,10 +75,46 @@ class ExplorerLoop(threading.Thread):
             ray.get(s.sides.sync.stop.remote("explorer", reason))
             ray.get(buffer.close.remote(reason))
 
+    def explore_filtered(self, step: int) -> None:
+        """Dynamic sampling: rounds of fresh prompts on this step's weights until a train batch
+        of informative groups is there (or the rounds run out), then only those groups go into
+        the buffer. The trainer takes and scores them as usual."""
+        s, sampling = self.source.side, self.source.sampling
+        assert sampling is not None
+        kept = GroupFilter(
+            sampling.config, sampling.rewards, sampling.groups, f"explorer step {step}"
+        )
+        groups: dict[str, list[Sample]] = {}
+        while kept.missing and not kept.exhausted():
+            started = time.perf_counter()
+            per_rank = s.explorers.explore_samples(s.feed.batch(step, kept.tally.rounds))
+            self.gen_s += time.perf_counter() - started
+            fresh: dict[str, list[Sample]] = {}
+            for sample in (sample for rank in per_rank for sample in rank):
+                # A row repeated to fill the last rank (DP_COMPUTE's padding) comes back twice.
+                if not any(seen.index == sample.index for seen in fresh.get(sample.uid, [])):
+                    fresh.setdefault(sample.uid, []).append(sample)
+            groups.update(fresh)
+            kept.add(s.to_batch([sample for group in fresh.values() for sample in group]))
+            kept.round_done()
+        self.loader_states[step + 1] = s.feed.position()[0]
+        try:
+            batch, _ = kept.finish()
+        finally:
+            with self.source.tally_lock:
+                self.source.tally.add(kept.tally)
+        chosen = [sample for uid in dict.fromkeys(batch["uid"]) for sample in groups[str(uid)]]
+        ray.get(self.source.buffer.put.remote(chosen, s.config.sync.timeout_s))
+
 
 class BufferSource:
-    def __init__(self, side: ExplorerSide) -> None:
+    def __init__(self, side: ExplorerSide, sampling: DynamicSampling | None = None) -> None:
+        """`sampling`: dynamic sampling on the explorer side (the buffer gets only informative
+        groups)."""
         self.side = side
+        self.sampling = sampling
+        self.tally = FilterTally()
+        self.tally_lock = threading.Lock()
         self.config, self.sides = side.config, side.sides
         self.lag_bound = side.sides.policy.lag_bound()
         # Room for the batches the style lets the explorer run ahead (a bigger one never fills).
@@ -119,11 +164,16 @@ class BufferSource:
         assert self.loop is not None
         depth = ray.get(self.buffer.depth.remote())
         gen_s, self.loop.gen_s = self.loop.gen_s, 0.0
-        return {
+        out = {
             "buffer/groups": float(depth.groups),
             "timing_s/trainer_wait": self.wait_s,
             "timing_s/gen": gen_s,
         }
+        if self.sampling is not None:  # the explorer's rounds since the last step
+            with self.tally_lock:
+                out.update(self.tally.metrics())
+                self.tally = FilterTally()
+        return out
 
     def after_step(self, step: int) -> None:
         pass

@@ -2,7 +2,8 @@
 
 Each step draws its prompts and calls `generate_sequences` on the actor group; the mode switch
 inside the call gathers the actor's weights into the engine first, so the samples always come
-from the weights being trained (version step - 1, lag 0).
+from the weights being trained (version step - 1, lag 0). With dynamic sampling a step may
+generate several rounds, each on fresh prompts and the same weights.
 """
 
 from __future__ import annotations
@@ -17,37 +18,62 @@ from hybrid.data import Batch
 from hybrid.data.sample import NO_VERSION
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.sources.base import Rollout
+from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally, GroupFilter
 from hybrid.trainer.step import StepResult
 
 
 class ColocatedSource:
     lag_bound = 0
 
-    def __init__(self, actor: WorkerGroupView, feed: PromptFeed) -> None:
+    def __init__(
+        self, actor: WorkerGroupView, feed: PromptFeed, sampling: DynamicSampling | None = None
+    ) -> None:
         self.actor = actor
         self.feed = feed
+        self.sampling = sampling
         self.rollout_s = 0.0
+        self.tally = FilterTally()
 
     def start(self, step: int) -> None:
         pass  # nothing runs between steps
 
     def batches(self, step: int) -> Iterator[Rollout]:
-        prompts = self.feed.batch(step)
+        self.rollout_s = 0.0
+        if self.sampling is None:
+            yield Rollout(self._generate(step, 0))
+            return
+        # Dynamic sampling: rounds of fresh prompts, all on this step's weights, until the
+        # batch is full of informative groups or the rounds run out.
+        c = self.sampling
+        kept = GroupFilter(c.config, c.rewards, c.groups, f"train step {step}")
+        while kept.missing and not kept.exhausted():
+            kept.add(self._generate(step, kept.tally.rounds))
+            kept.round_done()
+        batch, scores = kept.finish()
+        self.tally.add(kept.tally)
+        yield Rollout(batch, scores)
+
+    def _generate(self, step: int, round: int) -> Batch:
+        prompts = self.feed.batch(step, round)
         started = time.perf_counter()
         rollout = self.actor.generate_sequences(prompts)
-        self.rollout_s = time.perf_counter() - started
-        yield Rollout(with_version(rollout, step - 1))
+        self.rollout_s += time.perf_counter() - started
+        return with_version(rollout, step - 1)
 
     def trained(self, result: StepResult, trained_on: int) -> None:
         pass
 
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
-        return {
+        out = {
             "timing_s/gen": worker.get("timing_s/gen", 0.0),
             # The rollout call as the driver sees it: sync + generation + release + Ray.
             "timing_s/trainer_wait": self.rollout_s,
             "timing_s/rollout_call": self.rollout_s,
         }
+        if self.sampling is not None:
+            out.update(self.tally.metrics())
+            self.tally = FilterTally()
+        return out
 
     def after_step(self, step: int) -> None:
         pass

@@ -5,7 +5,9 @@ generating into the MessageQueue, paced by the staleness rule; the trainer takes
 published. The Rollouter picks it up between generation chunks (plan 2, partial rollouts) or
 between whole batches (plan 1). Groups that arrive too stale are dropped by the queue and
 counted. The trainer takes groups as they leave the queue, and each group's rule rewards start
-scoring then, while the rest of its batch still generates.
+scoring then, while the rest of its batch still generates. With dynamic sampling each part is
+scored as it arrives and only groups whose rewards differ count towards the update; the queue
+counts the rest as filtered, and the Rollouter starts others in their place.
 
 Resuming restarts the Rollouter at the prompt loader's position at the checkpoint: prompts
 that were in flight then (generating or queued) are not replayed, and the log says how many.
@@ -25,9 +27,10 @@ import ray
 from hybrid.buffer.message_queue import MessageQueueActor
 from hybrid.buffer.staleness import production_budget
 from hybrid.data import Batch
-from hybrid.rewards.manager import RewardManager, RewardStream
+from hybrid.rewards.manager import RewardManager, RewardStream, Scores
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
+from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally, GroupFilter
 from hybrid.trainer.sources.rollouter import Rollouter
 from hybrid.trainer.step import StepResult
 
@@ -35,11 +38,20 @@ logger = logging.getLogger(__name__)
 
 
 class QueueSource:
-    def __init__(self, side: ExplorerSide, rewards: RewardManager | None = None) -> None:
+    def __init__(
+        self,
+        side: ExplorerSide,
+        rewards: RewardManager | None = None,
+        sampling: DynamicSampling | None = None,
+    ) -> None:
         """`rewards`: score each group's rule rewards as soon as it leaves the queue (None: the
-        train step scores the whole batch, e.g. when a reward model takes part)."""
+        train step scores the whole batch, e.g. when a reward model takes part); `sampling`:
+        dynamic sampling, which scores each part as it arrives and keeps only groups whose
+        rewards differ."""
         self.side = side
         self.rewards = rewards
+        self.sampling = sampling
+        self.tally = FilterTally()
         self.parts_per_update: list[int] = []
         self.config, self.sides, self.feed = side.config, side.sides, side.feed
         config = side.config
@@ -67,6 +79,8 @@ class QueueSource:
             groups_in_flight=self.budget if fa.partial_rollout else c.data.train_batch_size,
             max_steps=fa.chunk_tokens if fa.partial_rollout else None,
             partial_rollout=fa.partial_rollout,
+            # Dynamic sampling hands filtered groups' places back within a version.
+            wake_on_grants=self.sampling is not None,
             on_error=self._rollouter_failed,
         )
         self.rollouter.start()
@@ -76,19 +90,57 @@ class QueueSource:
         self.parts_per_update = []
         for _ in range(self.config.fully_async.trigger_parameter_sync_step):
             started = time.perf_counter()
-            parts, rewards = self.take(self.config.groups_per_update, step)
+            groups = self.config.groups_per_update
+            rewards: Scores | None
+            if self.sampling is None:
+                parts, rewards = self.take(groups, step)
+            else:
+                parts, rewards = self.take_filtered(groups, step)
             self.wait_s += time.perf_counter() - started
             self.parts_per_update.append(len(parts))
             yield Rollout(parts[0] if len(parts) == 1 else Batch.concat(parts), rewards)
 
-    def take(self, groups: int, step: int) -> tuple[list[Batch], RewardStream | None]:
+    def take_filtered(self, groups: int, step: int) -> tuple[list[Batch], Scores]:
+        """Dynamic sampling: the next `groups` groups whose rewards differ, each part scored as
+        it leaves the queue; at most max_num_gen_batches x `groups` taken (then on_exhausted
+        decides). The queue counts the groups left out as filtered: the Rollouter may start
+        others in their place."""
+        assert self.sampling is not None
+        c = self.sampling
+        kept = GroupFilter(c.config, c.rewards, groups, f"train step {step}")
+        budget = c.config.max_num_gen_batches * groups
+        taken = reported = 0
+        while kept.missing and taken < budget:
+            parts, _ = self.take(min(kept.missing, budget - taken), step, score=False)
+            for part in parts:
+                kept.add(part)
+                taken += len(part) // self.config.rollout.n
+            # At once: the Rollouter may be waiting for these places to start more groups.
+            reported = self._report_filtered(kept.tally.not_trained, reported)
+        # Rounds, as colocated counts them: the update's worth of groups taken.
+        kept.tally.rounds = -(-taken // groups)
+        try:
+            batch, scores = kept.finish()
+        finally:
+            self.tally.add(kept.tally)
+            self._report_filtered(kept.tally.not_trained, reported)  # less if backfilled
+        return [batch], scores
+
+    def _report_filtered(self, not_trained: int, reported: int) -> int:
+        if not_trained != reported:
+            ray.get(self.queue.filtered.remote(not_trained - reported))
+        return not_trained
+
+    def take(
+        self, groups: int, step: int, score: bool = True
+    ) -> tuple[list[Batch], RewardStream | None]:
         """The next `groups` groups the trainer at version step - 1 may train (stale ones are
         dropped by the queue), as the parts they arrived in; each part's rule rewards start
         scoring as it arrives, while the rest still generate. Fails with the Rollouter's error
         if it died."""
         assert self.rollouter is not None
         timeout_s = self.config.sync.timeout_s
-        stream = None if self.rewards is None else self.rewards.stream()
+        stream = None if self.rewards is None or not score else self.rewards.stream()
         parts: list[Batch] = []
         missing = groups
         waited_since = time.perf_counter()
@@ -117,7 +169,7 @@ class QueueSource:
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
         assert self.rollouter is not None
         accounting = ray.get(self.queue.accounting.remote())
-        return {
+        out = {
             **self.rollouter.drain(),
             "trainer/idle_ratio": self.wait_s / step_s,
             "queue/depth": float(accounting["queued"]),
@@ -127,6 +179,11 @@ class QueueSource:
             # >1: the groups came in several parts, each scored as it came.
             "queue/parts_per_update": sum(self.parts_per_update) / len(self.parts_per_update),
         }
+        if self.sampling is not None:
+            out.update(self.tally.metrics())
+            out["queue/filtered"] = float(accounting["filtered"])
+            self.tally = FilterTally()
+        return out
 
     def after_step(self, step: int) -> None:
         if step < self.config.trainer.total_steps:

@@ -8,7 +8,8 @@ and have the explorers generate: plan 2 `chunk_tokens` engine steps (about that 
 every sample in flight; unfinished samples stay in the engine, new prompts join as others
 finish, so the engine stays full), plan 1 until every response is whole.
 With no grant and nothing in flight the Rollouter pauses until the trainer publishes a newer
-version; that time is its idle time.
+version (with dynamic sampling, or until the trainer hands filtered groups' places back); that
+time is its idle time.
 
 It knows the weights only through `catch_up(wait)` (the trainer side passes it in: the sync
 belongs to the Synchronizer's state machine) and the prompts through `next_prompts(k)`.
@@ -26,6 +27,9 @@ import ray
 from hybrid.controller import RayWorkerGroup
 from hybrid.data import Batch
 
+GRANT_POLL_S = 0.05
+"""With dynamic sampling, how often a paused Rollouter asks again for a version or a grant."""
+
 
 class Rollouter(threading.Thread):
     def __init__(
@@ -39,6 +43,7 @@ class Rollouter(threading.Thread):
         max_steps: int | None,
         partial_rollout: bool,
         on_error: Callable[[BaseException], None],
+        wake_on_grants: bool = False,
     ) -> None:
         super().__init__(name="rollouter", daemon=True)
         self.explorers = explorers
@@ -51,6 +56,9 @@ class Rollouter(threading.Thread):
         """Engine steps per turn (plan 2: chunk_tokens, about that many tokens per sample);
         None (plan 1): until every sample in flight finished."""
         self.partial_rollout = partial_rollout
+        self.wake_on_grants = wake_on_grants
+        """A pause also ends when the queue grants again under the version held (dynamic
+        sampling: the trainer hands filtered groups' places back before it publishes)."""
         self.on_error = on_error
         """Called with the error that ends the loop (not when it was asked to stop)."""
         self.stopping = threading.Event()
@@ -84,7 +92,11 @@ class Rollouter(threading.Thread):
             if granted == 0 and self.pending_groups == 0:
                 with self._lock:
                     self._paused_at = time.perf_counter()
-                held = self.catch_up(True)  # until the trainer publishes a newer version
+                if self.wake_on_grants:  # look again soon: a version, or places handed back
+                    self.stopping.wait(GRANT_POLL_S)
+                    held = self.catch_up(False)
+                else:
+                    held = self.catch_up(True)  # until the trainer publishes a newer version
                 with self._lock:
                     self.idle_s += time.perf_counter() - self._paused_at
                     self._paused_at = None

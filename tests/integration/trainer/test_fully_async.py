@@ -57,10 +57,11 @@ def check_accounting(record: dict) -> None:
     """No group is lost: every started group was trained, dropped, is queued, or is still
     generating in an explorer (the queue's count of the last equals the explorers')."""
     a = record["accounting"]
-    assert a["started"] == a["trained"] + a["dropped"] + a["queued"] + a["in_flight"], a
+    left = a["trained"] + a["dropped"] + a["filtered"] + a["queued"] + a["in_flight"]
+    assert a["started"] == left, a
     assert a["in_flight"] == record["explorer_groups_in_flight"], record
     assert a["dropped"] == len(record["dropped_lags"])
-    assert a["trained"] == len(record["taken_lags"])
+    assert a["trained"] + a["filtered"] == len(record["taken_lags"])  # filtered: taken, not trained
 
 
 def check_bounds(

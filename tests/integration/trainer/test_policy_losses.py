@@ -1,12 +1,12 @@
-"""Every `actor.policy_loss` through a real colocated run: 3 steps on the tiny model and the
-arithmetic prompts, in-process (`Driver(config).fit()` on the session's Ray cluster), with
-real Ray and FSDP2 trainers; generation is the deterministic toy engine's (rollout.engine=toy),
-since the loss is what varies here and vLLM's start would triple the time (the CPU demo runs
-the losses on vLLM: docs/algorithms.md, "Policy losses").
+"""Every `actor.policy_loss` through a real run of every trainer.mode: 3 steps on the tiny
+model and the arithmetic prompts, in-process (`Driver(config).fit()` on the session's Ray
+cluster), with real Ray and FSDP2 trainers; generation is the deterministic toy engine's
+(rollout.engine=toy), since the loss is what varies here and vLLM's start would triple the time
+(the CPU demo runs the losses on vLLM: docs/algorithms.md, "Policy losses").
 
-Two mini-batches per step, so the second optimizer step of each is off-policy (ratios away from
-1): the clip, the sequence ratio and the soft gate act on real numbers. By default gspo runs
-(the default tier's time budget), the rest under -m full.
+Two mini-batches per update, so the second optimizer step of each is off-policy (ratios away
+from 1): the clip, the sequence ratio and the soft gate act on real numbers. By default GSPO
+colocated runs (the default tier's time budget), the other 14 cells under -m full.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ LOSSES = {
         ("actor/sapo_gate_weight_mean",),
     ),
 }
-DEFAULT = ("gspo",)
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +51,39 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_assets(tmp_path_factory.mktemp("losses"))
 
 
+MODES = {
+    "colocated": (),
+    "split": ("trainer.mode=split", "sync.method=memory"),
+    # Two mini-batches per update there too.
+    "fully_async": (
+        "trainer.mode=fully_async",
+        "fully_async.require_batches=2",
+        "sync.method=memory",
+        "sync.timeout_s=120",
+    ),
+}
+DEFAULT_CELLS = {("gspo", "colocated")}
+
+
 @pytest.mark.parametrize(
-    "name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.full) for n in LOSSES]
+    ("name", "mode"),
+    [
+        (name, mode)
+        if (name, mode) in DEFAULT_CELLS
+        else pytest.param(name, mode, marks=pytest.mark.full)
+        for mode in MODES
+        for name in LOSSES
+    ],
 )
-def test_three_colocated_steps(ray_cluster: None, assets: Path, tmp_path: Path, name: str) -> None:
+def test_three_steps(ray_cluster: None, assets: Path, tmp_path: Path, name: str, mode: str) -> None:
     settings, own_metrics = LOSSES[name]
     out = tmp_path / name
     config = small_config(
         assets, out, "rollout.engine=toy", f"trainer.total_steps={STEPS}",
         "algorithm.ppo_mini_batch_size=2", "actor.micro_batch_size=4",
-        f"actor.policy_loss={name}", *settings,
+        f"actor.policy_loss={name}", *settings, *MODES[mode],
     )  # fmt: skip
-    assert config.actor.policy_loss == name
+    assert config.actor.policy_loss == name and config.trainer.mode == mode
     Driver(config).fit()
 
     metrics = read_metrics(out)

@@ -66,6 +66,7 @@ def test_a_stale_group_is_dropped_counted_and_gives_its_place_back() -> None:
         "started": 2,
         "trained": 1,
         "dropped": 1,
+        "filtered": 0,
         "queued": 0,
         "in_flight": 0,
     }
@@ -89,6 +90,7 @@ def test_accounting_counts_groups_still_generating() -> None:
         "started": 4,
         "trained": 0,
         "dropped": 0,
+        "filtered": 0,
         "queued": 1,
         "in_flight": 3,
     }
@@ -147,3 +149,18 @@ def test_a_take_with_min_groups_returns_what_is_there_up_to_the_number_asked() -
     assert queue.accounting()["trained"] == 3 and queue.depth() == 1
     with pytest.raises(ValueError, match="min_groups"):
         queue.take(2, trainer_version=0, timeout_s=1, min_groups=3)
+
+
+def test_filtered_groups_are_not_trained_and_give_their_place_back() -> None:
+    queue = MessageQueue(group_size=2, budget=2, max_version_lag=1)
+    assert queue.reserve(2, version=0) == 2
+    queue.put([group("a", [0]), group("b", [0])])
+    assert queue.take(2, trainer_version=0, timeout_s=1.0) is not None
+    assert queue.reserve(1, version=0) == 0  # the budget of version 0 is spent
+    queue.filtered(1)  # dynamic sampling left one of them out
+    assert queue.accounting() == {
+        "started": 2, "trained": 1, "dropped": 0, "filtered": 1, "queued": 0, "in_flight": 0
+    }  # fmt: skip
+    assert queue.reserve(5, version=0) == 1  # its place, handed back
+    with pytest.raises(ValueError, match="filtered 2 groups of 1 taken"):
+        queue.filtered(2)

@@ -26,7 +26,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
-DEMOS = ("config", "agent_demo")  # they name their model (built on first use); presets do not
+DEMOS = ("config", "agent_demo", "sft_grpo_demo")  # they name their model (built on first use)
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in DEMOS)
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
@@ -43,6 +43,9 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "reward.judge.combine": ("reward.judge.template_path=some/judge.txt",),
     "reward.judge.combine_by_source": ("reward.judge.template_path=some/judge.txt",),
     "rollout.agent.enabled": ("rollout.agent.builtin_tools=[calculator]",),
+    # Distillation's weights are refused without a teacher.
+    "distill.coef": ("distill.teacher_path=some/teacher",),
+    "distill.reward_coef": ("distill.teacher_path=some/teacher",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {

@@ -136,6 +136,23 @@ def test_the_startup_summary_names_what_the_workers_resolved() -> None:
     assert "2 on GPU, Ray at 10.0.0.1:6379" in joined and "logs" not in joined
 
 
+def test_the_objective_line_names_what_the_run_adds_to_the_plain_loss() -> None:
+    assert not any("objective" in line for line in startup_summary(config(), FACTS, None))
+    lines = startup_summary(
+        config(
+            "actor.policy_loss=gspo", "algorithm.filter_groups.enable=true",
+            "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
+        ),
+        FACTS,
+        None,
+    )  # fmt: skip
+    (objective,) = [line for line in lines if line.startswith("  objective")]
+    assert objective == (
+        "  objective policy loss gspo; dynamic sampling (<= 10 rounds a step); overlong shaping "
+        "over the last 2 tokens"
+    )
+
+
 def test_the_final_summary() -> None:
     lines = final_summary([0.0] * 10 + [1.0] * 10, 125.0, {"val/reward_mean": 0.9}, "out")
     assert lines == [
