@@ -194,7 +194,17 @@ class Driver:
             if sft is not None:
                 # Before the RL resume and the first publish: explorers start from its weights.
                 members = self.workers.members
-                metrics = sft.run(self.actor, members.training_workers, self.critic is not None)
+                # With LoRA the reference is the base (adapters off), as in RL; an SFT-only
+                # run has no KL term to serve.
+                own_reference = (
+                    c.needs_reference and not c.model.lora.enabled and c.trainer.total_steps > 0
+                )
+                metrics = sft.run(
+                    self.actor,
+                    members.training_workers,
+                    self.critic is not None,
+                    members.reference if own_reference else None,
+                )
             if c.trainer.total_steps > 0:
                 # Before the sinks open: a resume takes the rows after its checkpoint out of
                 # metrics.jsonl, which the jsonl sink then appends to.

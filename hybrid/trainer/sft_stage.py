@@ -8,7 +8,9 @@ output_dir/sft/checkpoints/step_N with the RL checkpoints' manifest scheme
 (hybrid/trainer/checkpoints.py): the actor's sharded state and, in its `extra`, the stage, the
 step and the SFT data position. The stage's last step is always saved: its whole checkpoint
 is what says "SFT done" to a later run. At the end `actor.end_sft()` puts actor.optim.lr back
-and clears the optimizer's moments.
+and clears the optimizer's moments, and a reference member of its own (a KL term on, no LoRA)
+becomes the SFT model (exported to output_dir/sft/hf_model), so that the KL terms of RL stay
+close to the fine-tuned policy, not to the one before it.
 
 Where a run with trainer.resume=auto starts (`sft_start`, from what is on disk):
   1. a whole RL checkpoint in output_dir/checkpoints: RL has begun, the stage is done and
@@ -51,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 SFT_DIR = "sft"
 """Under output_dir: the stage's metrics, checkpoints and memory records."""
+SFT_MODEL_DIR = "hf_model"
+"""Under output_dir/sft: the stage's final weights, which the reference member loads."""
 STAGE = "sft"
 """The `stage` an SFT checkpoint's extra carries."""
 
@@ -105,10 +109,16 @@ class SftStage:
         return sft_dir(self.config.trainer.output_dir)
 
     def run(
-        self, actor: WorkerGroupView, training_workers: int, needs_critic: bool
+        self,
+        actor: WorkerGroupView,
+        training_workers: int,
+        needs_critic: bool,
+        reference: WorkerGroupView | None = None,
     ) -> dict[str, float]:
         """The stage on `actor` (split over `training_workers` ranks), from where the resume
-        rules say; the last step's metrics (empty when the stage was done already)."""
+        rules say; the last step's metrics (empty when the stage was done already).
+        `reference`: a reference member of its own (a KL term is on, no LoRA), which becomes
+        the SFT model once the stage is done."""
         c, s = self.config, self.config.sft
         start = sft_start(c.trainer.output_dir, s.total_steps, c.trainer.resume, needs_critic)
         for damaged, reason in start.skipped:
@@ -117,11 +127,15 @@ class SftStage:
             )
         if start.action == "skip":
             logger.info("SFT stage skipped: RL checkpoints in %s (RL began)", c.trainer.output_dir)
+            if reference is not None:
+                self._reference_from_sft(actor, reference, may_export=False)
             return {}
         if start.action == "done":
             assert start.checkpoint is not None
             actor.load_checkpoint(str(start.checkpoint))
             actor.end_sft()
+            if reference is not None:
+                self._reference_from_sft(actor, reference, may_export=True)
             logger.info("SFT stage done before (%s): RL starts from its weights", start.checkpoint)
             return {}
         first = 1
@@ -154,7 +168,30 @@ class SftStage:
         finally:
             sinks.close()
         actor.end_sft()
+        if reference is not None:
+            self._reference_from_sft(actor, reference, may_export=True)
         return metrics
+
+    def _reference_from_sft(
+        self, actor: WorkerGroupView, reference: WorkerGroupView, may_export: bool
+    ) -> None:
+        """Load the SFT model into the reference member, from output_dir/sft/hf_model, which
+        is exported from the actor (holding the SFT weights) when missing and `may_export`."""
+        model_dir = self.out / SFT_MODEL_DIR
+        if not (model_dir / "config.json").is_file():
+            if not may_export:
+                logger.warning(
+                    "%s is missing: the reference stays %s (the model before SFT)",
+                    model_dir,
+                    self.config.model.path,
+                )
+                return
+            # Written beside, then moved: a crash mid-export leaves no directory that looks whole.
+            partial = model_dir.with_name(SFT_MODEL_DIR + ".partial")
+            actor.export_hf(str(partial))
+            partial.rename(model_dir)
+        reference.reload_model(str(model_dir))
+        logger.info("the reference policy is now the SFT model (%s)", model_dir)
 
     def _step(self, actor: WorkerGroupView, training_workers: int) -> dict[str, float]:
         """One optimizer step on the next rows; its metrics."""

@@ -19,11 +19,26 @@ class ReferenceWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
+        self._build(self.config.model.path)
+        self.ledger.track("ref", self._components)
+        self.offloader.offload_params()
+        self.ledger.record("init/ref")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def reload_model(self, path: str) -> None:
+        """Become the model at `path` (a Hugging Face directory): after an SFT stage the
+        reference is the fine-tuned model, which the KL terms then stay close to."""
+        del self.model, self.offloader
+        self._build(path)
+        self.offloader.offload_params()
+        self.ledger.record("ref/reload")
+
+    def _build(self, path: str) -> None:
         c = self.config
         frozen = build_frozen_model(
             c,
             self.rank_env,
-            c.model.path,
+            path,
             lambda hardware: c.compute_dtypes(hardware).ref,
             c.ref.offload.param_offload,
         )
@@ -35,9 +50,6 @@ class ReferenceWorker(Worker):
             c.ref.log_prob_max_token_len_per_gpu,
             "ref.log_prob_max_token_len_per_gpu",
         )
-        self.ledger.track("ref", self._components)
-        self.offloader.offload_params()
-        self.ledger.record("init/ref")
 
     def _components(self) -> dict[str, ByDevice]:
         return {"ref_params": parameter_bytes(self.model)}

@@ -87,6 +87,10 @@ def test_rl_starts_from_the_sft_weights_and_resumes_across_the_boundary(
     # The validation before RL sees the SFT weights (the base model answers none: 0.0).
     assert rl_rows[0]["val/reward_mean"] >= 0.5
     assert rl_rows[1]["actor/lr"] == 1e-3  # the small config's actor.optim.lr, back after SFT
+    # The reference became the SFT model: the first update's KL (before its optimizer step, on
+    # the same weights) is nil, where the model before SFT would be far from it.
+    assert (sft_dir(whole) / "hf_model" / "config.json").is_file()
+    assert rl_rows[1]["actor/kl_loss"] < 1e-3, rl_rows[1]["actor/kl_loss"]
 
     # More RL steps in the same directory: RL checkpoints exist, so SFT is skipped.
     more = small_config(assets, whole, *toy, "trainer.total_steps=2", *sft_overrides(assets))
