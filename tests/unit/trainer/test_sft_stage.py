@@ -68,8 +68,14 @@ def test_bad_values_name_their_field(override: str, message: str) -> None:
 
 
 def test_missing_sft_files_are_named_before_any_worker(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.parquet"
-    config = to_run_config(compose("config", [f"sft.train_files=[{missing}]"]))
+    missing, prompts = tmp_path / "nope.parquet", tmp_path / "prompts.jsonl"
+    prompts.write_text("")  # the RL prompts exist (a fresh checkout has no demo data)
+    overrides = [
+        f"sft.train_files=[{missing}]",
+        f"data.train_files=[{prompts}]",
+        "data.val_files=[]",
+    ]
+    config = to_run_config(compose("config", overrides))
     with pytest.raises(ValueError, match=rf"sft\.train_files: {missing} does not exist"):
         config.check_paths()
 
