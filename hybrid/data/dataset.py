@@ -136,15 +136,13 @@ def _ground_truth_text(value: Any) -> str:
     return str(value)
 
 
-def _check_row(row: Mapping[str, Any], prompt_key: str, where: str) -> _Checked:
-    """Validate one raw row; `where` is "file: row i" for the error messages."""
-    if prompt_key not in row or row[prompt_key] is None:
-        raise ValueError(f"{where}: field {prompt_key!r} is missing")
-    messages = row[prompt_key]
+def check_messages(messages: Any, key: str, where: str) -> list[dict[str, str]]:
+    """The chat messages of field `key` as plain {role, content} dicts; anything else is
+    refused naming `where` ("file: row i") and the field."""
     if not isinstance(messages, list) or not messages:
         raise ValueError(
-            f"{where}: field {prompt_key!r} must be a non-empty list of "
-            f"{{role, content}} messages, got {type(messages).__name__} {messages!r:.80}"
+            f"{where}: field {key!r} must be a non-empty list of {{role, content}} messages, "
+            f"got {type(messages).__name__} {messages!r:.80}"
         )
     for i, message in enumerate(messages):
         if not (
@@ -153,9 +151,18 @@ def _check_row(row: Mapping[str, Any], prompt_key: str, where: str) -> _Checked:
             and isinstance(message.get("content"), str)
         ):
             raise ValueError(
-                f"{where}: field {prompt_key!r} message {i} must be a dict with str 'role' "
-                f"and 'content', got {message!r:.80}"
+                f"{where}: field {key!r} message {i} must be a dict with str 'role' and "
+                f"'content', got {message!r:.80}"
             )
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _check_row(row: Mapping[str, Any], prompt_key: str, where: str) -> _Checked:
+    """Validate one raw row; `where` is "file: row i" for the error messages."""
+    if prompt_key not in row or row[prompt_key] is None:
+        raise ValueError(f"{where}: field {prompt_key!r} is missing")
+    messages = row[prompt_key]
+    check_messages(messages, prompt_key, where)  # validated; the rows' own dicts are kept
     data_source = row.get("data_source")
     if not isinstance(data_source, str) or not data_source:
         raise ValueError(f"{where}: field 'data_source' is missing or not a non-empty str")

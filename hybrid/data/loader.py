@@ -112,32 +112,53 @@ class PromptLoader:
 
     def state_dict(self) -> dict[str, int]:
         """The position: epoch, offset within it, the seed and the dataset size it was taken on."""
-        return {
-            "epoch": self.epoch,
-            "offset": self.offset,
-            "seed": self.seed,
-            "num_rows": len(self.dataset),
-        }
+        return position_state(self.epoch, self.offset, self.seed, len(self.dataset))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a `state_dict()`; the seed and the dataset size must match this loader's."""
-        missing = sorted({"epoch", "offset", "seed", "num_rows"} - set(state))
-        if missing:
-            raise ValueError(f"loader state is missing {missing}")
-        if state["seed"] != self.seed:
-            raise ValueError(
-                f"loader state was saved with seed={state['seed']}, this loader has "
-                f"seed={self.seed}; the shuffle order would differ"
-            )
-        if state["num_rows"] != len(self.dataset):
-            raise ValueError(
-                f"loader state was saved on {state['num_rows']} prompts, this dataset has "
-                f"{len(self.dataset)} (did the data or max_prompt_length change?)"
-            )
-        if state["epoch"] < 0 or not 0 <= state["offset"] <= len(self.dataset):
-            raise ValueError(
-                f"loader state has epoch={state['epoch']} offset={state['offset']}; expected "
-                f"epoch >= 0 and 0 <= offset <= {len(self.dataset)}"
-            )
-        self.epoch = int(state["epoch"])
-        self.offset = int(state["offset"])
+        self.epoch, self.offset = checked_position(
+            state,
+            self.seed,
+            len(self.dataset),
+            "loader state",
+            ("seed", "prompts"),
+            "did the data or max_prompt_length change?",
+        )
+
+
+def position_state(epoch: int, offset: int, seed: int, num_rows: int) -> dict[str, int]:
+    """A shuffled loader's position (epoch, offset in its order) and what it was taken on."""
+    return {"epoch": epoch, "offset": offset, "seed": seed, "num_rows": num_rows}
+
+
+def checked_position(
+    state: Mapping[str, Any],
+    seed: int,
+    num_rows: int,
+    what: str,
+    names: tuple[str, str] = ("seed", "rows"),
+    changed_hint: str = "did the data change?",
+) -> tuple[int, int]:
+    """(epoch, offset) of a `position_state` taken with this `seed` on `num_rows` rows; any
+    other state is refused, naming `what` it is, the seed's field and the rows (`names`), and
+    why the size may differ (`changed_hint`)."""
+    seed_name, rows_name = names
+    missing = sorted({"epoch", "offset", "seed", "num_rows"} - set(state))
+    if missing:
+        raise ValueError(f"{what} is missing {missing}")
+    if state["seed"] != seed:
+        raise ValueError(
+            f"{what} was saved with {seed_name}={state['seed']}, this run has {seed_name}={seed}; "
+            "the shuffle order would differ"
+        )
+    if state["num_rows"] != num_rows:
+        raise ValueError(
+            f"{what} was saved on {state['num_rows']} {rows_name}, this data has {num_rows} "
+            f"({changed_hint})"
+        )
+    if state["epoch"] < 0 or not 0 <= state["offset"] <= num_rows:
+        raise ValueError(
+            f"{what} has epoch={state['epoch']} offset={state['offset']}; expected epoch >= 0 "
+            f"and 0 <= offset <= {num_rows}"
+        )
+    return int(state["epoch"]), int(state["offset"])

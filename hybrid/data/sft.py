@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hybrid.data.dataset import read_rows
+from hybrid.data.dataset import check_messages, read_rows
 
 logger = logging.getLogger(__name__)
 
@@ -51,25 +51,6 @@ class SftRow:
     """Where the row came from, as "file:row"."""
     truncated: bool = False
     """Its last tokens were cut at max_length."""
-
-
-def _check_messages(messages: Any, key: str, where: str) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(
-            f"{where}: field {key!r} must be a non-empty list of {{role, content}} messages, "
-            f"got {type(messages).__name__} {messages!r:.80}"
-        )
-    for i, message in enumerate(messages):
-        if not (
-            isinstance(message, Mapping)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
-            raise ValueError(
-                f"{where}: field {key!r} message {i} must be a dict with str 'role' and "
-                f"'content', got {message!r:.80}"
-            )
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 class ChatRenderer:
@@ -108,7 +89,7 @@ def _prompt_response_row(
     raw: Mapping[str, Any], render: ChatRenderer, where: str
 ) -> tuple[list[int], list[int], list[int]]:
     """Layout (a): (prompt ids, response ids, loss mask)."""
-    messages = _check_messages(raw["prompt"], "prompt", where)
+    messages = check_messages(raw["prompt"], "prompt", where)
     response = raw.get("response")
     if not isinstance(response, str) or not response:
         raise ValueError(
@@ -124,7 +105,7 @@ def _conversation_row(
     raw: Mapping[str, Any], render: ChatRenderer, where: str
 ) -> tuple[list[int], list[int], list[int]]:
     """Layout (b): (prompt ids, response ids, loss mask), rendered turn by turn."""
-    messages = _check_messages(raw["messages"], "messages", where)
+    messages = check_messages(raw["messages"], "messages", where)
     targets = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not targets:
         raise ValueError(f"{where}: field 'messages' has no assistant message (no target)")

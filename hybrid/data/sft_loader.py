@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hybrid.data.batch import Batch
+from hybrid.data.loader import checked_position, position_state
 from hybrid.data.sample import NO_VERSION, Sample, SampleStatus, samples_to_batch
 from hybrid.data.sft import SftDataset, SftRow
 
@@ -86,32 +87,15 @@ class SftLoader:
 
     def state_dict(self) -> dict[str, int]:
         """The position: epoch, offset within it, the seed and the dataset size it was taken on."""
-        return {
-            "epoch": self.epoch,
-            "offset": self.offset,
-            "seed": self.seed,
-            "num_rows": len(self.dataset),
-        }
+        return position_state(self.epoch, self.offset, self.seed, len(self.dataset))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a `state_dict()`; the seed and the dataset size must match."""
-        missing = sorted({"epoch", "offset", "seed", "num_rows"} - set(state))
-        if missing:
-            raise ValueError(f"SFT loader state is missing {missing}")
-        if state["seed"] != self.seed:
-            raise ValueError(
-                f"the SFT checkpoint was saved with sft.seed={state['seed']}, this run has "
-                f"sft.seed={self.seed}; the shuffle order would differ"
-            )
-        if state["num_rows"] != len(self.dataset):
-            raise ValueError(
-                f"the SFT checkpoint was saved on {state['num_rows']} SFT rows, sft.train_files "
-                f"hold {len(self.dataset)} now (did the files change?)"
-            )
-        if state["epoch"] < 0 or not 0 <= state["offset"] <= len(self.dataset):
-            raise ValueError(
-                f"SFT loader state has epoch={state['epoch']} offset={state['offset']}; expected "
-                f"epoch >= 0 and 0 <= offset <= {len(self.dataset)}"
-            )
-        self.epoch = int(state["epoch"])
-        self.offset = int(state["offset"])
+        """Continue from a `state_dict()`; sft.seed and the SFT data's size must match."""
+        self.epoch, self.offset = checked_position(
+            state,
+            self.seed,
+            len(self.dataset),
+            "the SFT loader state",
+            ("sft.seed", "SFT rows"),
+            "did sft.train_files change?",
+        )

@@ -1,6 +1,7 @@
 """The memory ledger on CPU: boundaries, per-interval peaks, component sources, timings,
 draining into metrics and records, and the record file format."""
 
+import gc
 import json
 from collections import Counter
 from pathlib import Path
@@ -57,6 +58,20 @@ def test_components_come_from_the_registered_sources() -> None:
 
 
 def test_first_use_growth_is_attributed_once_and_later_growth_is_not() -> None:
+    # RSS is the whole process's: memory another thread frees meanwhile (a finalizer, a pool
+    # winding down after an earlier test) can hide an allocation. Up to three clean tries; a
+    # ledger that attributes wrongly fails all three.
+    for attempt in range(3):
+        gc.collect()
+        try:
+            first_use_scenario()
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+
+
+def first_use_scenario() -> None:
     ledger = MemoryLedger()
     start = ledger.record("a")
     held = [torch.ones(64 * MIB, dtype=torch.uint8)]  # no source owns it
