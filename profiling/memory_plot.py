@@ -30,6 +30,7 @@ COMPONENT_COLOURS: dict[str, str] = dict(
             "#f28e2b",  # actor_grads
             "#e15759",  # optimizer_state
             "#76b7b2",  # ref_params
+            "#499894",  # teacher_params
             "#9c755f",  # critic_params
             "#d4a6c8",  # critic_grads
             "#8cd17d",  # critic_optimizer_state

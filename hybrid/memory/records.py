@@ -73,6 +73,7 @@ COMPONENTS: tuple[str, ...] = (
     "actor_grads",  # their gradients, while they exist
     "optimizer_state",  # AdamW moments
     "ref_params",  # the reference policy's local shards
+    "teacher_params",  # on-policy distillation's frozen teacher: its local shards
     "critic_params",  # PPO's value model: its local shards (master dtype)
     "critic_grads",  # their gradients, while they exist
     "critic_optimizer_state",  # its AdamW moments

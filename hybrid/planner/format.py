@@ -30,10 +30,11 @@ def format_plan(plan: Plan) -> str:
     unit, scale = _unit(plan)
     reserve = f"a {plan.reserve_gib:.2f} GiB reserve" if plan.reserve_gib else "no reserve on CPU"
     lora = f", LoRA rank {plan.lora_rank}" if plan.lora_rank else ""
+    teacher = f", distilling from {plan.teacher}" if plan.teacher else ""
     device = f"cuda ({plan.gpu})" if plan.device == "cuda" else plan.device
     width = max(24, *(len(name) + 1 for name in plan.phases))
     lines = [
-        f"Memory plan: {plan.model} on {device}{lora}, {plan.gpu_memory_gib:g} GiB per "
+        f"Memory plan: {plan.model} on {device}{lora}{teacher}, {plan.gpu_memory_gib:g} GiB per "
         f"worker (budget {plan.budget_gib:.2f} GiB after {reserve})",
         "",
         f"{'phase':<{width}}{'peak ' + unit:>9}  biggest contributors ({unit}; * = transient)",
@@ -116,8 +117,8 @@ def format_suggestions(plan: Plan, suggestions: list[Suggestion]) -> str:
         return (
             "Suggestions: none here for host RAM (every change this searches keeps or raises "
             "it): turn offloads off (actor.offload.param_offload, "
-            "actor.offload.optimizer_offload, ref.offload.param_offload), or use nodes with "
-            "more RAM."
+            "actor.offload.optimizer_offload, ref.offload.param_offload, "
+            "distill.offload.param_offload), or use nodes with more RAM."
         )
     if not suggestions:
         return (

@@ -8,6 +8,8 @@ Every node, steady state (N x one worker's, CUDA only: on CPU nothing moves or s
   optimizer_state         actor.offload.optimizer_offload: AdamW's two moments of the
                           trainable shard
   ref_params              ref.offload.param_offload, when a KL builds the reference (none with LoRA)
+  teacher_params          distill.offload.param_offload: the distillation teacher's shard in
+                          its dtype (distill.precision.param_dtype), of its own shape
   critic_params           critic.offload.param_offload (PPO's critic)
   critic_optimizer_state  critic.offload.optimizer_offload
   rollout_weights         vLLM's sleep backup: level 1 copies the engine's weights (and LoRA
@@ -28,7 +30,8 @@ before most offloads, so steady + startup is an upper bound):
   startup  hybrid.workers.fsdp loads the full state dict on rank 0 in the model's dtype and
            broadcasts it: P x bytes(master) for the actor (LoRA: P x bytes(param) + the
            adapters in master), P x bytes(ref) for the reference, the value model in the
-           critic's master dtype; one after the other, so the largest.
+           critic's master dtype, the teacher's P_t x bytes(its dtype); one after the other,
+           so the largest.
   export   trainer.export_hf: rank 0 gathers the full state dict in master dtype to the host
            (get_model_state_dict(cpu_offload=True)) and writes a bf16 copy of it (none when
            master is bf16): P x (bytes(master) + 2); LoRA: the merged weights in bf16, P x 2.
@@ -57,6 +60,7 @@ from hybrid.planner.sizes import WorkerSizes
 
 if TYPE_CHECKING:
     from hybrid.planner.critic_sizes import CriticSizes
+    from hybrid.planner.teacher_sizes import TeacherSizes
 
 __all__ = ["HOST_PARTS", "HostMemory", "host_memory", "pinned_block"]
 
@@ -64,6 +68,7 @@ HOST_PARTS = (
     "actor_params",
     "optimizer_state",
     "ref_params",
+    "teacher_params",
     "critic_params",
     "critic_optimizer_state",
     "rollout_weights",
@@ -117,7 +122,9 @@ def _pinned(sizes: Iterable[int]) -> tuple[int, int]:
     return sum(sizes), sum(pinned_block(n) for n in sizes)
 
 
-def _offloaded(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[int, int]]:
+def _offloaded(
+    w: WorkerSizes, critic: CriticSizes | None, teacher: TeacherSizes | None
+) -> dict[str, tuple[int, int]]:
     """(bytes, pinned bytes) one worker keeps on the host, by part."""
     c, shape = w.config, w.shape
     if not w.on_gpu:
@@ -137,6 +144,9 @@ def _offloaded(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[in
         held["optimizer_state"] = _pinned(trainable * 2)
     if c.ref.offload.param_offload and w.ref_params():
         held["ref_params"] = _pinned(n * dtype_bytes(w.dtypes.ref) for n in base)
+    if teacher is not None and c.distill.offload.param_offload:
+        shards = _shards(teacher.shape.params, teacher.shard_world)
+        held["teacher_params"] = _pinned(n * teacher.cb for n in shards)
     if critic is not None:
         value = [n * critic.master for n in _shards(critic.shape.params, critic.shard_world)]
         if c.critic.offload.param_offload:
@@ -150,13 +160,14 @@ def _offloaded(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[in
     return held
 
 
-def _startup(w: WorkerSizes, critic: CriticSizes | None) -> int:
+def _startup(w: WorkerSizes, critic: CriticSizes | None, teacher: TeacherSizes | None) -> int:
     """Rank 0's largest full state dict while the models are built."""
     p, lora = w.shape.num_params, w.lora
     actor = p * w.cb + lora.elements * w.master if w.lora_rank else p * w.master
     ref = p * dtype_bytes(w.dtypes.ref) if w.ref_params() else 0
     value = critic.shape.num_params * critic.master if critic is not None else 0
-    return max(actor, ref, value)
+    frozen_teacher = teacher.shape.num_params * teacher.cb if teacher is not None else 0
+    return max(actor, ref, value, frozen_teacher)
 
 
 def _export(w: WorkerSizes, critic: CriticSizes | None) -> int:
@@ -176,13 +187,15 @@ def _export(w: WorkerSizes, critic: CriticSizes | None) -> int:
     return max(actor, value)
 
 
-def host_memory(w: WorkerSizes, critic: CriticSizes | None) -> HostMemory:
+def host_memory(
+    w: WorkerSizes, critic: CriticSizes | None, teacher: TeacherSizes | None = None
+) -> HostMemory:
     """Host RAM per node for the run of `w` (see the module docstring)."""
     per_node = w.config.trainer.workers_per_node
-    held = _offloaded(w, critic)
+    held = _offloaded(w, critic, teacher)
     parts = {name: per_node * nbytes for name, (nbytes, _) in held.items()}
     parts["pinned_rounding"] = per_node * sum(pinned - nbytes for nbytes, pinned in held.values())
     parts_gib = {name: parts[name] / GIB for name in HOST_PARTS if parts.get(name)}
     steady = sum(parts_gib.values())
-    startup, export = _startup(w, critic) / GIB, _export(w, critic) / GIB
+    startup, export = _startup(w, critic, teacher) / GIB, _export(w, critic) / GIB
     return HostMemory(parts_gib, steady, startup, export, steady + max(startup, export))

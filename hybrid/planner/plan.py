@@ -13,15 +13,19 @@ hybrid.planner.suggest searches the cheapest config changes that make an over-bu
 hybrid.planner.format prints a plan. Per worker (one GPU), steady state (step >= 2:
 AdamW's state exists).
 
-actor.offload.param_offload / actor.offload.optimizer_offload / ref.offload.param_offload park
-their tensors on the host outside the phases that use them, with trainer.use_gpu only (on CPU
-the moves are no-ops). On CUDA the engine sleeps in trainer mode: its weights dropped (level 2;
-level 1, a pinned host copy, in LoRA adapter mode) and its KV cache too; on CPU both stay. The
-optimizer state is onloaded for the whole update (`trainer_phase("update", with_optimizer=True)`),
-so optimizer_offload lowers every phase but update/*. An offload phase's components are those before the move (its peak).
-With LoRA the reference forward runs on the actor (adapters disabled), and adapter mode's
-first sync (the base) is left out of the steady phases: a note gives its peak, and a problem
-is raised when it does not fit.
+actor.offload.param_offload / actor.offload.optimizer_offload / ref.offload.param_offload /
+distill.offload.param_offload park their tensors on the host outside the phases that use them,
+with trainer.use_gpu only (on CPU the moves are no-ops). On CUDA the engine sleeps in trainer
+mode: its weights dropped (level 2; level 1, a pinned host copy, in LoRA adapter mode) and its
+KV cache too; on CPU both stay. The optimizer state is onloaded for the whole update
+(`trainer_phase("update", with_optimizer=True)`), so optimizer_offload lowers every phase but
+update/*. An offload phase's components are those before the move (its peak). On-policy
+distillation's teacher (distill.teacher_path) is sized from its own config.json
+(hybrid.planner.teacher_sizes): teacher_params, and its teacher/onload|forward|offload
+boundaries before the first update; a teacher whose config does not load is left out with a
+warning that says so. With LoRA the reference forward runs on the actor (adapters disabled),
+and adapter mode's first sync (the base) is left out of the steady phases: a note gives its
+peak, and a problem is raised when it does not fit.
 
 Fits: every phase's peak <= gpu memory - the reserve (CUDA context 0.5 GiB + fragmentation
 0.5 GiB + 1.5 GiB per NCCL communicator with NVLS, 0.5 without; none on CPU), the KV cache
@@ -96,6 +100,7 @@ from hybrid.planner.reserve import (
     cuda_reserve,
 )
 from hybrid.planner.sizes import WorkerSizes
+from hybrid.planner.teacher_sizes import TeacherSizes, teacher_of, with_teacher_phases
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -129,7 +134,8 @@ class Plan:
     """gpu_memory_gib - reserve_gib: what every phase's peak must stay below."""
     lora_rank: int
     phases: dict[str, PhasePrediction]
-    """By STEP_PHASES name, in step order (the critic's only with one)."""
+    """By STEP_PHASES name, in step order (the critic's only with one), and the teacher's
+    (teacher_sizes.TEACHER_PHASES) with distillation."""
     peak_phase: str
     peak_gib: float
     steady_gib: dict[str, float]
@@ -158,7 +164,11 @@ class Plan:
     """Why it does not fit (empty when it fits)."""
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    """Fits, but by less than the reserve's uncertainty (reserve.uncertainty_gib)."""
+    """Fits, but by less than the reserve's uncertainty (reserve.uncertainty_gib); or a part
+    of the run the plan could not count (a teacher whose config.json does not load)."""
+    teacher: str | None = None
+    """The distillation teacher's shape (its directory or preset) when counted; None without
+    distillation or when its config.json did not load (then a warning says so)."""
 
     @property
     def margin_gib(self) -> float:
@@ -171,10 +181,12 @@ class Plan:
 def _resident(
     w: WorkerSizes,
     critic: CriticSizes | None,
+    teacher: TeacherSizes | None,
     *,
     actor: bool,
     optimizer: bool,
     ref: bool,
+    teacher_params: bool,
     weights: bool,
     kv: bool,
     grads: bool,
@@ -185,11 +197,13 @@ def _resident(
     """Component bytes on the device (zeros left out), given what is there."""
     trainable = w.trainable_shard * w.master
     value = critic.params() if critic is not None else 0
+    frozen_teacher = teacher.params() if teacher is not None and teacher_params else 0
     held = {
         "actor_params": w.actor_params() if actor else 0,
         "actor_grads": trainable if grads else 0,
         "optimizer_state": 2 * trainable if optimizer else 0,
         "ref_params": w.ref_params() if ref else 0,
+        "teacher_params": frozen_teacher,
         "critic_params": value if critic_params else 0,
         "critic_grads": value if critic_grads else 0,
         "critic_optimizer_state": 2 * value if critic_optimizer else 0,
@@ -200,13 +214,16 @@ def _resident(
     return {name: held[name] for name in COMPONENTS if held.get(name)}
 
 
-def _phases(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[Bytes, Bytes]]:
+def _phases(
+    w: WorkerSizes, critic: CriticSizes | None, teacher: TeacherSizes | None
+) -> dict[str, tuple[Bytes, Bytes]]:
     """(resident, transient) bytes at the peak of every boundary the step records."""
     c, gpu = w.config, w.on_gpu
     kept = {  # between phases; offload and the engine's sleep act only on CUDA
         "actor": not (gpu and c.actor.offload.param_offload),
         "optimizer": not (gpu and c.actor.offload.optimizer_offload),
         "ref": not (gpu and c.ref.offload.param_offload),
+        "teacher_params": not (gpu and c.distill.offload.param_offload),
         "weights": not (gpu and c.rollout.free_cache_engine),
         "kv": not (gpu and c.rollout.free_cache_engine),
         "grads": False,
@@ -216,7 +233,7 @@ def _phases(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[Bytes
     }
 
     def on(**moved: bool) -> Bytes:
-        return _resident(w, critic, **{**kept, **moved})
+        return _resident(w, critic, teacher, **{**kept, **moved})
 
     # The reference runs for a KL (loss or reward); with LoRA it is the actor, adapters disabled.
     ref, ref_forward = on(), {}
@@ -251,8 +268,15 @@ def _phases(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, tuple[Bytes
         "update/optimizer_step": (with_grads, {"optimizer_temps": w.optimizer_temporaries()}),
         "update/offload": (update, {}),
     }
-    assert tuple(phases) == step_phases(critic is not None), "phases drifted from STEP_PHASES"
-    return phases
+    order = step_phases(critic is not None)
+    assert tuple(phases) == order, "phases drifted from STEP_PHASES"
+    if teacher is None:
+        return phases
+    scoring = on(teacher_params=True)
+    phases["teacher/onload"] = (scoring, {})
+    phases["teacher/forward"] = (scoring, teacher.forward())
+    phases["teacher/offload"] = (scoring, {})
+    return {name: phases[name] for name in with_teacher_phases(order)}
 
 
 def _critic_phases(critic: CriticSizes, on: Callable[..., Bytes]) -> dict[str, tuple[Bytes, Bytes]]:
@@ -289,6 +313,7 @@ def plan_memory(
     gpu: str = DEFAULT_GPU,
     nvls: bool | None = None,
     host_memory_gib: float | None = None,
+    teacher_shape: ModelShape | None = None,
 ) -> Plan:
     """Predicted memory of one worker at every phase of a step, and of each node's host RAM
     (see the module docstring).
@@ -299,12 +324,16 @@ def plan_memory(
     `gpu`: the GPU kind (GPU_KINDS; an A100 gets vLLM's small batch defaults and no NVLS).
     `nvls`: whether the node has NVLink SHARP, which makes NCCL communicators larger (None:
     assumed with >= 8 CUDA workers per node on an H100 / H200; False for NCCL_NVLS_ENABLE=0).
-    `host_memory_gib`: host RAM per node; when given, a host peak above it is a problem."""
+    `host_memory_gib`: host RAM per node; when given, a host peak above it is a problem.
+    `teacher_shape`: the distillation teacher's (distill.teacher_path set), by default read
+    from distill.teacher_path; when that does not load, the teacher is left out and a warning
+    says so."""
     _check_node(gpu_memory_gib, gpu, host_memory_gib)
     rank = lora_rank_of(config, lora_rank)
     w = WorkerSizes(config, shape, rank, gpu_memory_gib * GIB, gpu)
     critic = CriticSizes(config, critic_shape or shape) if config.use_critic else None
-    phases = _predict(w, critic)
+    teacher, teacher_unread = teacher_of(config, teacher_shape)
+    phases = _predict(w, critic, teacher)
     peak_phase = max(phases, key=lambda name: phases[name].peak_gib)
     reserve = cuda_reserve(config, nvls, gpu)
     budget = gpu_memory_gib - reserve.total_gib
@@ -312,7 +341,7 @@ def plan_memory(
     kv_tokens = max(kv_bytes, 0) // per_token // 16 * 16
     seqs = min(w.sequences_per_engine(), w.vllm_limits()[1])
     problems = _problems(w, phases, budget, kv_bytes, kv_tokens)
-    host = host_memory(w, critic)
+    host = host_memory(w, critic, teacher)
     problems += _host_problems(host, host_memory_gib)
     notes = ["runtime (interpreter, libraries) is not predicted: 0 here, on the host too"]
     if rank:
@@ -354,7 +383,11 @@ def plan_memory(
         fits=not problems,
         problems=tuple(problems),
         notes=tuple(notes),
-        warnings=_thin_margin(reserve, margin, phases[peak_phase].peak_gib, peak_phase),
+        warnings=(
+            *_thin_margin(reserve, margin, phases[peak_phase].peak_gib, peak_phase),
+            *([teacher_unread] if teacher_unread else []),
+        ),
+        teacher=None if teacher is None else teacher.shape.name,
     )
 
 
@@ -367,10 +400,12 @@ def _check_node(gpu_memory_gib: float, gpu: str, host_memory_gib: float | None) 
         raise ValueError(f"host_memory_gib must be > 0 (or None), got {host_memory_gib}")
 
 
-def _predict(w: WorkerSizes, critic: CriticSizes | None) -> dict[str, PhasePrediction]:
+def _predict(
+    w: WorkerSizes, critic: CriticSizes | None, teacher: TeacherSizes | None
+) -> dict[str, PhasePrediction]:
     """Every phase's components and transients in GiB, and its peak."""
     phases = {}
-    for name, (resident, transient) in _phases(w, critic).items():
+    for name, (resident, transient) in _phases(w, critic, teacher).items():
         components, extra = _gib(resident), _gib(transient)
         peak = sum(components.values()) + sum(extra.values())
         phases[name] = PhasePrediction(peak, components, extra)

@@ -22,9 +22,12 @@ from hybrid.planner.passes import (
     Bytes,
     MicroBatch,
     PassName,
+    head_chunk_bytes,
     largest_moment,
+    logits_bytes,
     micro_batch_of,
     reduce_bytes,
+    scoring_bytes,
     unsharded_bytes,
 )
 from hybrid.planner.reserve import DEFAULT_GPU
@@ -43,8 +46,6 @@ CUDA_GRAPH_BYTES = 1 << 30
 """Rough size of vLLM's CUDA graphs when rollout.enforce_eager is false."""
 PLANNED_GPU = Hardware("cuda", native_bf16=True, description="a GPU with bf16 (planned)")
 """The presets plan for bf16 GPUs (A100, H100): `auto` dtypes resolve as they would there."""
-CHUNK_FORWARD_FP32 = 3
-"""(c, V) fp32 buffers of the scoring head's forward: logits, exp / probabilities, a temporary."""
 MERGE_BYTES_PER_ELEMENT = 12
 """hybrid.workers.lora.merge_into_base: W.float(), B @ A and its scaled copy, fp32, at once."""
 
@@ -255,8 +256,7 @@ class WorkerSizes:
     def logits(self, mb: MicroBatch, full: int, fp32_copies: int) -> int:
         """Full-logits path (docs/memory-model.md, "Logits, full"): `full` (T, V) tensors in
         the compute dtype + `fp32_copies` (n, V) in fp32 (with rows, T = b x S and n = b x R)."""
-        v = self.shape.vocab_size
-        return full * mb.tokens * v * self.cb + fp32_copies * mb.scored * v * 4
+        return logits_bytes(self.shape, mb, self.cb, full, fp32_copies)
 
     @property
     def chunked(self) -> bool:
@@ -264,11 +264,9 @@ class WorkerSizes:
         return self.config.model.log_prob_chunk_tokens > 0
 
     def head_chunk(self, mb: MicroBatch, backward: bool) -> int:
-        """The scoring head's (c, V) buffers (docs/memory-model.md, "Logits, chunked"): 3 fp32
-        in forward, fp32 + probabilities + the cb cast of dlogits in backward."""
-        rows = min(self.config.model.log_prob_chunk_tokens, mb.scored)
-        per_logit = 2 * 4 + self.cb if backward else CHUNK_FORWARD_FP32 * 4
-        return rows * self.shape.vocab_size * per_logit
+        """The scoring head's (c, V) buffers (docs/memory-model.md, "Logits, chunked")."""
+        chunk = self.config.model.log_prob_chunk_tokens
+        return head_chunk_bytes(self.shape, mb, self.cb, chunk, backward)
 
     def micro_batch(self, name: PassName) -> MicroBatch:
         """The largest micro-batch of a pass (docs/memory-model.md, "Micro-batches")."""
@@ -297,22 +295,12 @@ class WorkerSizes:
     # Trainer-side transients: a no-grad forward, the update's forward and backward.
 
     def scoring(self, name: PassName, dtype_bytes: int, fp32_copies: int) -> Bytes:
-        """A no-grad forward (reference or old log-probs): the larger of a layer's working set
-        and the LM head's (beside the final hidden states), with the unsharded parameters.
-        `fp32_copies`: of the full-logits path."""
-        mb, s, cb = self.micro_batch(name), self.shape, self.cb
+        """A no-grad forward (reference or old log-probs) on weights of `dtype_bytes`
+        (passes.scoring_bytes). `fp32_copies`: of the full-logits path."""
+        chunk = self.config.model.log_prob_chunk_tokens
         unsharded = self.unsharded(dtype_bytes)
-        hidden = mb.tokens * s.hidden_size * cb
-        if self.chunked:  # + the gathered hidden states of the scored tokens
-            head = {
-                "activations": hidden + mb.scored * s.hidden_size * cb,
-                "logits": self.head_chunk(mb, backward=False),
-            }
-        else:
-            head = {"activations": hidden, "logits": self.logits(mb, 1, fp32_copies)}
-        return largest_moment(
-            {"unsharded_params": unsharded, "activations": mb.tokens * s.nograd_layer(cb)},
-            {"unsharded_params": unsharded, **head},
+        return scoring_bytes(
+            self.shape, self.micro_batch(name), self.cb, unsharded, chunk, fp32_copies
         )
 
     def update_forward(self) -> Bytes:

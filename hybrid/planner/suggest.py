@@ -5,7 +5,8 @@ pairs, triples ...: each valued change at its least drastic value that fits. A c
 kept only if no subset of it already fits, and sets are ranked by size, then by the cost of
 their costliest change. LoRA comes from the config (or the `lora_rank` override, as in
 `plan_memory`): the reference's changes drop out (there is none), and `sync.layered_summon`
-joins for the merge mode. A pass with use_dynamic_bsz gets its token budget halved (down to
+joins for the merge mode; the distillation teacher's offload and micro-batch join with a
+teacher (distill.teacher_path). A pass with use_dynamic_bsz gets its token budget halved (down to
 the longest row, S) instead of its micro_batch_size. The node (`gpu`, `nvls`,
 `host_memory_gib`) is planned as `plan_memory` does; no change here lowers host RAM (every
 offload raises it), so a config whose host RAM does not fit gets no suggestion.
@@ -25,6 +26,7 @@ from hybrid.planner.adapters import lora_rank_of
 from hybrid.planner.plan import Plan, plan_memory
 from hybrid.planner.reserve import DEFAULT_GPU
 from hybrid.planner.sizes import gather_peak
+from hybrid.planner.teacher_sizes import teacher_of
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -41,18 +43,20 @@ class Suggestion:
 
 # The changes `suggest` tries, cheapest first (its cost order): a finer sync gather (or, for
 # LoRA's merge mode, a layered one) costs nothing but a few more collectives; the reference's
-# offload moves bf16 weights twice a step, the critic's (used in two phases) fp32 ones four
-# times; the optimizer's offload moves 2 x fp32 state twice a step (the actor's, then the
-# critic's); a smaller vLLM share only lowers the KV cache (less concurrency when it was the
-# limit); the chunked log-prob head (when turned off) recomputes the LM head in backward, a
-# few percent of the update's compute; gradient checkpointing adds ~1/3 to it; a smaller
-# micro-batch (by rows, or by tokens with use_dynamic_bsz) runs smaller, slower kernels (the
-# no-grad passes are a smaller share of a step than the update); the actor's offload moves
-# its shards at every phase boundary.
+# offload moves bf16 weights twice a step (the distillation teacher's as well, often more of
+# them), the critic's (used in two phases) fp32 ones four times; the optimizer's offload
+# moves 2 x fp32 state twice a step (the actor's, then the critic's); a smaller vLLM share
+# only lowers the KV cache (less concurrency when it was the limit); the chunked log-prob
+# head (when turned off) recomputes the LM head in backward, a few percent of the update's
+# compute; gradient checkpointing adds ~1/3 to it; a smaller micro-batch (by rows, or by
+# tokens with use_dynamic_bsz) runs smaller, slower kernels (the no-grad passes are a smaller
+# share of a step than the update); the actor's offload moves its shards at every phase
+# boundary.
 CHANGE_ORDER: tuple[str, ...] = (
     "sync.gather",
     "sync.layered_summon",
     "ref.offload.param_offload",
+    "distill.offload.param_offload",
     "critic.offload.param_offload",
     "actor.offload.optimizer_offload",
     "critic.offload.optimizer_offload",
@@ -62,6 +66,8 @@ CHANGE_ORDER: tuple[str, ...] = (
     "critic.gradient_checkpointing",
     "ref.micro_batch_size",
     "ref.log_prob_max_token_len_per_gpu",
+    "distill.micro_batch_size",
+    "distill.log_prob_max_token_len_per_gpu",
     "critic.forward_max_token_len_per_gpu",
     "actor.log_prob_max_token_len_per_gpu",
     "critic.micro_batch_size",
@@ -95,6 +101,8 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
     uses_ref = c.needs_reference and not lora_rank
     if key.startswith("critic.") and not c.use_critic:
         return []
+    if key.startswith("distill.") and not c.distill.enabled:
+        return []
     if key == "sync.layered_summon":  # LoRA's merge mode gathers by it, not by sync.gather
         return [True] if lora_rank and c.sync.lora_mode == "merge" and not current else []
     if key == "sync.gather":  # LoRA: only adapter mode's first sync (the base) uses it
@@ -120,6 +128,7 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
     owner = key.split(".")[0]
     dynamic = {
         "ref": c.ref.use_dynamic_bsz,
+        "distill": c.distill.use_dynamic_bsz,
         "critic": c.critic.use_dynamic_bsz,
         "actor": c.actor.use_dynamic_bsz,
     }[owner]
@@ -147,6 +156,7 @@ def suggest(
     gpu: str = DEFAULT_GPU,
     nvls: bool | None = None,
     host_memory_gib: float | None = None,
+    teacher_shape: ModelShape | None = None,
 ) -> list[Suggestion]:
     """The smallest sets of changes (CHANGE_ORDER) that make `config` fit, ranked by the
     number of changes, then by cost (the costliest change of each set compared first).
@@ -155,14 +165,19 @@ def suggest(
     (halving), the largest gpu_memory_utilization on a 0.05 grid (usually below the current
     one; above it when vLLM's share cannot hold its weights and a KV cache). A set containing
     a fitting set is left out. Empty when the config already fits, or nothing here does.
-    `critic_shape`, `gpu`, `nvls`, `host_memory_gib`: as in plan_memory.
+    `critic_shape`, `gpu`, `nvls`, `host_memory_gib`, `teacher_shape`: as in plan_memory
+    (the teacher's shape read once here, not at every candidate).
     """
+    if teacher_shape is None and config.distill.teacher_path is not None:
+        teacher = teacher_of(config)[0]  # None: every plan warns that it is left out
+        teacher_shape = None if teacher is None else teacher.shape
     plan = functools.partial(
         plan_memory,
         critic_shape=critic_shape,
         gpu=gpu,
         nvls=nvls,
         host_memory_gib=host_memory_gib,
+        teacher_shape=teacher_shape,
     )
     base = plan(config, shape, gpu_memory_gib, lora_rank)
     if base.fits or base.host_fits is False:  # no change here lowers host RAM

@@ -99,6 +99,7 @@ def check_another_teacher(metrics: list[dict]) -> None:
         assert row["distill/advantage_mean"] < 0, row
 
 
+@pytest.mark.full  # the default tier's budget: the student as its own teacher runs by default
 def test_colocated_with_another_teacher(ray_cluster: None, assets: Path, tmp_path: Path) -> None:
     metrics = distill_run(assets, tmp_path / "run", assets / "teacher", *TOY)
     check_another_teacher(metrics)

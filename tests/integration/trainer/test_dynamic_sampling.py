@@ -45,7 +45,9 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     "mode",
-    ["colocated", pytest.param("split", marks=pytest.mark.full), "fully_async"],
+    # By default colocated (the default tier's budget); the explorer loop's and the queue's
+    # filters under -m full.
+    ["colocated", *(pytest.param(m, marks=pytest.mark.full) for m in ("split", "fully_async"))],
 )
 def test_trained_batches_hold_only_informative_groups(
     ray_cluster: None, assets: Path, tmp_path: Path, mode: str
