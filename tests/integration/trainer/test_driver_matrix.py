@@ -200,7 +200,7 @@ def pacing_run(
     return metrics
 
 
-@pytest.mark.full  # the slow Rollouter's run checks the same bounds by default
+@pytest.mark.full  # test_fully_async.py's twenty-syncs run checks the same bounds by default
 def test_staleness_stays_bounded_with_a_fast_rollouter(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
@@ -209,6 +209,7 @@ def test_staleness_stays_bounded_with_a_fast_rollouter(
     assert statistics.mean(m["rollouter/idle_ratio"] for m in metrics[1:]) > 0.2
 
 
+@pytest.mark.full  # test_fully_async.py's twenty-syncs run checks the same bounds by default
 def test_staleness_stays_bounded_with_a_slow_rollouter(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:

@@ -92,12 +92,6 @@ def test_rl_starts_from_the_sft_weights_and_resumes_across_the_boundary(
     assert (sft_dir(whole) / "hf_model" / "config.json").is_file()
     assert rl_rows[1]["actor/kl_loss"] < 1e-3, rl_rows[1]["actor/kl_loss"]
 
-    # More RL steps in the same directory: RL checkpoints exist, so SFT is skipped.
-    more = small_config(assets, whole, *toy, "trainer.total_steps=2", *sft_overrides(assets))
-    Driver(more).fit()
-    assert read_sft_metrics(whole) == sft_rows
-    assert [row["step"] for row in read_metrics(whole)] == [0, 1, 2]
-
     # Killed after the SFT stage: an SFT-only run, then the RL run in the same directory.
     staged = tmp_path / "staged"
     only = (*toy, "trainer.total_steps=0", "trainer.export_hf=true")
@@ -112,6 +106,28 @@ def test_rl_starts_from_the_sft_weights_and_resumes_across_the_boundary(
     assert [repeatable(r) for r in read_sft_metrics(staged)] == [repeatable(r) for r in sft_rows]
     # RL from the loaded SFT weights with a fresh optimizer is the one-run RL step, bit for bit.
     assert [repeatable(r) for r in read_metrics(staged)] == [repeatable(r) for r in rl_rows]
+
+
+@pytest.mark.full  # the default tier's budget: the boundary above is the one RL depends on
+def test_rl_checkpoints_make_a_later_run_skip_the_stage(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    toy = ("rollout.engine=toy",)
+    steps = lambda n: (*toy, f"trainer.total_steps={n}", *sft_overrides(assets))  # noqa: E731
+    Driver(small_config(assets, tmp_path / "straight", *steps(2))).fit()
+    resumed = tmp_path / "resumed"
+    Driver(small_config(assets, resumed, *steps(1))).fit()
+    sft_rows = read_sft_metrics(resumed)
+    # More RL steps in the same directory: RL checkpoints exist, so SFT is skipped, and the
+    # reference reloads the SFT model from output_dir/sft/hf_model.
+    Driver(small_config(assets, resumed, *steps(2))).fit()
+    assert read_sft_metrics(resumed) == sft_rows
+    rows = read_metrics(resumed)
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    # Step 2 as the uninterrupted run took it, its KL to the reference included (a reference
+    # left at the model before SFT would give another KL).
+    straight = read_metrics(tmp_path / "straight")
+    assert repeatable(rows[2]) == repeatable(straight[2])
 
 
 @pytest.mark.full  # the default tier's budget: the boundary above is the one RL depends on
