@@ -53,6 +53,8 @@ def steps_logged(out: Path) -> list[int]:
     return [row["step"] for row in read_metrics(out)]
 
 
+@pytest.mark.full  # the default tier's budget: manifests and damaged checkpoints are unit
+# tests (tests/unit/trainer/test_checkpoints_manifest.py); resumes run by default elsewhere
 def test_a_deleted_shard_resumes_from_the_previous_checkpoint(
     ray_cluster: None, assets: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

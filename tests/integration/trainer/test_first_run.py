@@ -88,6 +88,7 @@ def test_the_console_script_finds_its_configs_from_any_directory(tmp_path: Path)
     assert not (tmp_path / "outputs").exists()  # --cfg prints the config and runs nothing
 
 
+@pytest.mark.full  # the default tier's budget: each message is a unit test of its check
 def test_bad_input_a_new_user_tries_is_one_line_without_a_traceback(tmp_path: Path) -> None:
     """An empty model directory and a CSV file named .parquet: exit code 2 and one line on
     stderr naming the field or the file; the traceback goes to the run's logs."""

@@ -36,6 +36,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_assets(tmp_path_factory.mktemp("verl_names"))
 
 
+@pytest.mark.full  # the default tier's budget: verl's names are unit tests of the config
 def test_a_verl_style_config_trains_three_steps(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
