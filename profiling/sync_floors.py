@@ -32,7 +32,8 @@ import torch.multiprocessing as mp
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from hybrid.transport.collective import BroadcastGroup, free_port
+from hybrid.ports import free_port
+from hybrid.transport.collective import BroadcastGroup
 
 Weights = list[tuple[str, torch.Tensor]]
 
@@ -151,7 +152,7 @@ def checkpoint_floor(
 def nccl_floor(model_dir: Path, dtype: torch.dtype, repeats: int = 5) -> float:
     """Cast on a sender process, broadcast the flat bytes to a receiver process (gloo on CPU),
     copy out there; timed on the receiver from a common start."""
-    port = free_port()
+    port = free_port("127.0.0.1")
     results = mp.get_context("spawn").SimpleQueue()
     mp.spawn(_broadcast_side, args=(port, str(model_dir), dtype, repeats, results), nprocs=2)
     seconds: float = results.get()

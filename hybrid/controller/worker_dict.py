@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import traceback
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from hybrid.controller.progress import ProgressWriter
 from hybrid.controller.rank_env import RankEnv
 from hybrid.controller.worker import Worker
 from hybrid.memory.ledger import process_ledger
+from hybrid.ports import free_port
 
 
 @dataclass(frozen=True, init=False, eq=False)
@@ -132,12 +132,6 @@ def _quiet_worker_logging(console: TextIO) -> None:
     # No rank in the line: Ray folds identical lines from several workers into one.
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.getLogger("hybrid").addHandler(handler)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 class WorkerDict:

@@ -11,14 +11,12 @@ independent of the trainer group's.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
 from typing import Any
 
 import ray
-import torch
 from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, Worker, register
@@ -28,7 +26,6 @@ from hybrid.dtypes import Hardware
 from hybrid.rollout.engines import make_engine
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost
-from hybrid.sharding.loader import WeightLoader
 from hybrid.transport.base import GroupTransport, Payload, WeightTransport
 from hybrid.transport.factory import make_transport
 from hybrid.workers.config import HybridWorkerConfig
@@ -58,7 +55,7 @@ class ExplorerWorker(Worker):
             self.dtypes.rollout,
             site=self.parallel.engine_site(),
         )
-        self.loader = WeightLoader(self.engine, c.sync.strategy)
+        self.weight_facts = self.engine.configure_loads(c.sync.strategy)
         self.rollout = RolloutHost(
             self.engine,
             AutoTokenizer.from_pretrained(c.model.path),
@@ -68,12 +65,13 @@ class ExplorerWorker(Worker):
         logger.info("explorer rank %d ready (pid %d)", self.rank, os.getpid())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> dict[str, Any]:
         return {
             "hardware": self.hardware.description,
             "rollout_dtype": self.dtypes.rollout,
-            "sync_strategy": self.loader.strategy,
-            "weight_layout": self.engine.weight_layout,
+            "sync_strategy": self.weight_facts.strategy,
+            "weight_layout": self.weight_facts.layout,
+            "weight_notes": self.weight_facts.notes(),
         }
 
     # --- generation ----------------------------------------------------------------------
@@ -159,7 +157,7 @@ class ExplorerWorker(Worker):
         started = time.perf_counter()
         weights = self._receiving_end().receive(version, payload)
         self._interrupt_streaming()
-        self.loader.load(weights)  # resets the prefix cache (computed by the old weights)
+        self.engine.load_weights(weights)  # resets the prefix cache (the old weights' KV)
         self.version = version
         return time.perf_counter() - started
 
@@ -176,14 +174,8 @@ class ExplorerWorker(Worker):
     def weights_digest(self) -> dict[str, Any]:
         """The weight version held and a digest of every engine tensor it keeps readable (a
         packed layout keeps its linear weights outside tensors: those are not covered)."""
-        digest = hashlib.blake2b(digest_size=16)
-        covered = 0
-        for name, param in sorted(self.engine.model.named_parameters()):
-            if param.numel():
-                digest.update(name.encode())
-                digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-                covered += 1
-        return {"version": self.version, "digest": digest.hexdigest(), "tensors": covered}
+        held = self.engine.weights_digest()
+        return {"version": self.version, "digest": held.digest, "tensors": held.tensors}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engine(self) -> None:

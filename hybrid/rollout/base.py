@@ -1,19 +1,21 @@
-"""The RolloutEngine protocol: everything the rollout host, the mode switch and the loaders
-need from an engine; nobody reaches past it into vLLM's own objects, so a second engine (the
-deterministic `ToyEngine` of the driver tests) plugs in behind the same calls.
+"""The RolloutEngine protocol: everything the rollout host, the mode switch and the explorer
+need from an engine; nobody reaches past it into an engine's own objects, so a second engine
+(the deterministic `ToyEngine` of the driver tests) plugs in behind the same calls.
 
 The verbs: `generate` and `score` (whole batches); `submit` / `step` / `abort` /
-`has_unfinished` (request by request, for partial rollouts); `load_weights` (streamed, in
-place), `load_adapter`, `after_load` and `reset_prefix_cache` (after a sync); `release` (free
-the KV cache, and weights where the engine can) and `resume` (bring back what `release` freed,
-by tag); `shutdown`. `model`, `weight_layout`, `quantization` and `dtype` describe the engine's
-own module for the in-place loaders and the checksum; `resident`, `kv_cache_bytes` and
+`has_unfinished` (request by request, for partial rollouts); `release` (free the KV cache, and
+weights where the engine can) and `resume` (bring back what `release` freed, by tag);
+`shutdown`. The engine owns its weight path: `configure_loads` (how it will take synced weights,
+and what it stores apart: hybrid.rollout.weights), `load_weights` (a stream of Hugging
+Face-named full tensors, checked on request), `verify_weights`, `weights_digest`,
+`stored_weights`, `load_adapter` and `reset_prefix_cache`; `supports_lora` answers before an
+engine exists. `dtype` is what the sync casts to; `resident`, `kv_cache_bytes` and
 `weights_kept_on_host` tell the memory ledger what the engine holds where.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -22,6 +24,7 @@ import torch
 
 from hybrid.data import Batch
 from hybrid.dtypes import Dtype
+from hybrid.rollout.weights import RequestedStrategy, WeightFacts, WeightsDigest
 
 ResumeTag = Literal["weights", "kv_cache"]
 
@@ -50,28 +53,11 @@ class Continuation:
     greedy: bool = False
 
 
-WeightLayout = Literal["packed", "plain"]
-"""How the engine stores its linear weights. packed: repacked into kernel-private buffers with
-an empty `.weight` left behind (vLLM's CPU backend with oneDNN: AVX-512 CPUs in bf16 and fp32);
-only a reload, which repacks again, can update them. plain: ordinary tensors that can be
-written in place (CUDA, AVX2-only CPUs, CPU dtypes oneDNN does not take)."""
-
-
 class RolloutEngine(Protocol):
-    @property
-    def model(self) -> torch.nn.Module:
-        """The engine's torch module in this process (by reference): what the direct loader
-        writes into and the checksum reads."""
-        ...
-
-    @property
-    def weight_layout(self) -> WeightLayout:
-        """Packed or plain linear weights: decides which sync strategies apply."""
-        ...
-
-    @property
-    def quantization(self) -> str | None:
-        """The quantization method the checkpoint was loaded with (None: unquantized)."""
+    @classmethod
+    def supports_lora(cls, architecture: str) -> bool:
+        """Whether this engine can serve LoRA adapters for a model of `architecture` (asked
+        before any engine is built: an adapter sync on an engine without it is refused)."""
         ...
 
     @property
@@ -131,16 +117,38 @@ class RolloutEngine(Protocol):
         """Drop submitted requests (their outputs so far were already returned by `step`)."""
         ...
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load Hugging Face-named full tensors into the engine, in place."""
+    def configure_loads(self, requested: RequestedStrategy) -> WeightFacts:
+        """Choose how `load_weights` writes from now on (`sync.strategy`: auto picks what is
+        exact for this engine; an impossible `direct` raises naming why) and say what the
+        engine stores apart from what the sync sends."""
+        ...
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], checksum: bool = False
+    ) -> int:
+        """Load Hugging Face-named full tensors into the engine, in place, and invalidate what
+        the old weights computed (the prefix cache). With `checksum`, record what was sent as
+        the engine stores it and compare after the load: returns how many tensors matched,
+        raises ChecksumMismatchError (hybrid.rollout.checksum) naming one that does not."""
+        ...
+
+    def verify_weights(self) -> int:
+        """Compare the stored tensors with the last checksummed load again (a later write, a
+        stray in-place op): how many matched; raises naming a mismatch, or if none was
+        recorded."""
+        ...
+
+    def weights_digest(self) -> WeightsDigest:
+        """A digest of every readable weight the engine holds (names and bits)."""
+        ...
+
+    def stored_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The engine's readable weight tensors under its own names, by reference (an
+        in-process engine; weights repacked out of tensors are not listed)."""
         ...
 
     def load_adapter(self, path: Path) -> None:
         """Use the peft adapter at `path` for every request from now on."""
-        ...
-
-    def after_load(self) -> None:
-        """Invalidate what was computed from the old weights (after an in-place write)."""
         ...
 
     def reset_prefix_cache(self) -> None:

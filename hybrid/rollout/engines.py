@@ -9,12 +9,28 @@ never loads vLLM.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from hybrid.dtypes import Dtype
 from hybrid.rollout.base import RolloutEngine
 from hybrid.rollout.config import ENGINES, RolloutConfig
 from hybrid.rollout.engine_args import EngineSite
+
+
+def engine_class(name: str) -> type[RolloutEngine]:
+    """The class behind `rollout.engine=name` (imported on demand), for what is asked before
+    an engine exists (`supports_lora`)."""
+    if name == "vllm":
+        from hybrid.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine
+    if name == "toy":
+        from hybrid.rollout.toy_engine import ToyEngine
+
+        return ToyEngine
+    raise ValueError(f"rollout.engine must be one of {list(ENGINES)}, got {name!r}")
 
 
 def make_engine(
@@ -28,12 +44,5 @@ def make_engine(
     """The `config.engine` engine for the model at `model_path`. `dtype` is the resolved
     engine dtype; `lora_rank` > 0 serves one LoRA adapter of that rank; `site` says where the
     engine runs (default: this process's device and LOCAL_RANK)."""
-    if config.engine == "vllm":
-        from hybrid.rollout.vllm_engine import VllmEngine
-
-        return VllmEngine(model_path, config, device, dtype, lora_rank=lora_rank, site=site)
-    if config.engine == "toy":
-        from hybrid.rollout.toy_engine import ToyEngine
-
-        return ToyEngine(model_path, config, device, dtype, lora_rank=lora_rank, site=site)
-    raise ValueError(f"rollout.engine must be one of {list(ENGINES)}, got {config.engine!r}")
+    engine: Any = engine_class(config.engine)
+    return engine(model_path, config, device, dtype, lora_rank=lora_rank, site=site)

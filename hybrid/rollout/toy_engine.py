@@ -33,7 +33,7 @@ model and never touches torch.distributed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +42,20 @@ from typing import Any
 import torch
 
 from hybrid.dtypes import Dtype, torch_dtype
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, WeightLayout
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
+from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engine_args import EngineSite, engine_seed, seeds_requests
+from hybrid.rollout.weights import (
+    RequestedStrategy,
+    WeightFacts,
+    WeightsDigest,
+    choose_strategy,
+    stored_apart,
+)
 
 GREEDY_BELOW = 1e-5
+NO_DIRECT = ("the toy engine copies into its Hugging Face module (it has no direct loaders)",)
 """Temperatures below this sample greedily (vLLM's _SAMPLING_EPS)."""
 ADAPTER_NAME = "default"
 
@@ -169,24 +178,21 @@ class ToyEngine:
         self._live: dict[str, _Request] = {}
         # Nothing is ever released (see `release`).
         self.resident: set[ResumeTag] = {"weights", "kv_cache"}
+        self._checks = WeightChecks(self.stored_weights, lambda name: name)
 
-    # --- what the loaders and the ledger read ----------------------------------------------
+    @classmethod
+    def supports_lora(cls, architecture: str) -> bool:
+        """peft serves any architecture the Hugging Face model has."""
+        return True
 
     @property
-    def model(self) -> torch.nn.Module:
+    def _module(self) -> torch.nn.Module:
         """The Hugging Face module (by reference; LoRA layers injected once an adapter is
-        loaded, the base weights then under `.base_layer.`)."""
+        loaded, the base weights then under `.base_layer.`). Read here only: callers use the
+        protocol's verbs."""
         if self._model is None:
             raise RuntimeError("the toy engine was shut down")
         return self._model
-
-    @property
-    def weight_layout(self) -> WeightLayout:
-        return "plain"
-
-    @property
-    def quantization(self) -> str | None:
-        return None
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -284,7 +290,7 @@ class ToyEngine:
     def _advance(self, request: _Request) -> tuple[float, bool, bool]:
         """Sample the request's next token into it: (its log-prob, finished, stopped)."""
         pending = request.token_ids[request.num_cached :]
-        out = self.model(
+        out = self._module(
             input_ids=torch.tensor([pending]),
             past_key_values=request.cache,
             use_cache=True,
@@ -314,7 +320,7 @@ class ToyEngine:
                 if not sequence:
                     raise ValueError("score got an empty sequence")
                 ids = torch.tensor([list(sequence)])
-                log_probs = self.model(input_ids=ids).logits[0, :-1].float().log_softmax(dim=-1)
+                log_probs = self._module(input_ids=ids).logits[0, :-1].float().log_softmax(dim=-1)
                 picked = log_probs.gather(1, ids[0, 1:, None])[:, 0]
                 scores.append(picked.tolist())
         return scores
@@ -324,10 +330,36 @@ class ToyEngine:
 
     # --- weights --------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def configure_loads(self, requested: RequestedStrategy) -> WeightFacts:
+        """Always its own copy (`reload`); `direct` is refused as on a vLLM engine whose
+        layers rule it out."""
+        return WeightFacts(
+            strategy=choose_strategy(requested, "plain", False, NO_DIRECT),
+            layout="plain",
+            blockers=NO_DIRECT,
+            apart=stored_apart(self.stored_weights(), torch_dtype(self.dtype)),
+        )
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], checksum: bool = False
+    ) -> int:
         """Copy each Hugging Face-named full tensor into the parameter or buffer of that
         state-dict name, in place (a tied lm_head.weight lands in the shared embedding)."""
+        self._copy(self._checks.recording(weights) if checksum else weights)
+        return self._checks.verify() if checksum else 0
+
+    def verify_weights(self) -> int:
+        return self._checks.verify()
+
+    def stored_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The base weights and persistent buffers by Hugging Face state-dict name."""
+        return iter(self._targets.items())
+
+    def weights_digest(self) -> WeightsDigest:
+        return digest_of(self.stored_weights())
+
+    @torch.no_grad()
+    def _copy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in weights:
             target = self._targets.get(name)
             if target is None:
@@ -357,7 +389,7 @@ class ToyEngine:
             )
         if self._peft is None:
             self._peft = PeftModel.from_pretrained(
-                self.model, str(path), adapter_name=ADAPTER_NAME, autocast_adapter_dtype=False
+                self._module, str(path), adapter_name=ADAPTER_NAME, autocast_adapter_dtype=False
             ).eval()
             return
         loaded = self._peft.peft_config[ADAPTER_NAME]
@@ -375,9 +407,6 @@ class ToyEngine:
                 f"the adapter at {path} does not fill the loaded adapter: missing "
                 f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}"
             )
-
-    def after_load(self) -> None:
-        """Nothing to invalidate: no prefix cache and no repacked copies of the weights."""
 
     def reset_prefix_cache(self) -> None:
         """No prefix cache: nothing to forget."""

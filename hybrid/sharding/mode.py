@@ -26,10 +26,9 @@ import torch
 from hybrid.dtypes import torch_dtype
 from hybrid.memory.ledger import MemoryLedger, TimedIterator
 from hybrid.rollout.base import RolloutEngine
-from hybrid.sharding.checksum import Checksum, recording, verify
-from hybrid.sharding.config import SyncConfig
-from hybrid.sharding.gather import iter_full_parameters
-from hybrid.sharding.loader import WeightLoader
+from hybrid.rollout.weights import WeightFacts
+from hybrid.sharding.config import WeightPathConfig
+from hybrid.sharding.full_weights import full_weights
 from hybrid.sharding.lora_sync import LoraSync, SyncTally, counted
 from hybrid.sharding.offload import Offloader
 
@@ -81,7 +80,7 @@ class ModeSwitch:
         actor: torch.nn.Module,
         engine: RolloutEngine,
         offloader: Offloader,
-        sync: SyncConfig,
+        sync: WeightPathConfig,
         ledger: MemoryLedger,
         rollout_seed: int,
         lora: LoraSync | None = None,
@@ -97,10 +96,11 @@ class ModeSwitch:
         self.mode = Mode.TRAINER
         self._rollout_rng = RngState(rollout_seed)
         self._trainer_rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        # Chosen once, from what the engine reports about its weights (see loader.py).
-        self._loader = WeightLoader(engine, sync.strategy)
+        # Chosen by the engine, from what it knows of its own storage (hybrid.rollout.weights).
+        self.weight_facts: WeightFacts = engine.configure_loads(sync.strategy)
         self._engine_dtype = torch_dtype(engine.dtype)
-        self.last_checksums: dict[str, Checksum] = {}
+        self.checked_tensors = 0
+        """Engine tensors the last checksummed sync compared (sync.verify_checksum)."""
         self.num_syncs = 0
 
     def require(self, mode: Mode, action: str) -> None:
@@ -172,10 +172,10 @@ class ModeSwitch:
         act()
         return self.engine.resident != resident
 
-    def configure(self, sync: SyncConfig) -> None:
+    def configure(self, sync: WeightPathConfig) -> None:
         self.require(Mode.TRAINER, "changing the sync configuration")
         self.sync_config = sync
-        self._loader = WeightLoader(self.engine, sync.strategy)
+        self.weight_facts = self.engine.configure_loads(sync.strategy)
 
     def sync_weights(self) -> SyncTimes:
         """Gather the actor's shards group by group and load them into the engine in place
@@ -206,25 +206,15 @@ class ModeSwitch:
 
     def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors under Hugging Face names: the model, its LoRA base, or base + adapter
-        merged."""
-        c = self.sync_config
-        bucket = c.bucket_mb << 20
-        if self.lora is None:
-            return iter_full_parameters(
-                self.actor, c.gather, self._engine_dtype, bucket, on_group_done=self._chunk_loaded
-            )
-        if c.lora_mode == "merge":
-            return self.lora.iter_merged(c.layered_summon, self._chunk_loaded)
-        return self.lora.iter_base(c.gather, bucket, self._chunk_loaded)
+        merged (sync.lora_mode)."""
+        merge = self.sync_config.lora_mode == "merge"
+        return full_weights(
+            self.actor, self.lora, self.sync_config, self._engine_dtype, merge, self._chunk_loaded
+        )
 
     def _load(self, gathered: Iterable[tuple[str, torch.Tensor]]) -> None:
-        weights = gathered
-        if self.sync_config.verify_checksum:
-            self.last_checksums = {}
-            weights = recording(gathered, self.last_checksums, self._loader.engine_name)
-        self._loader.load(weights)
-        if self.sync_config.verify_checksum:
-            verify(self.engine.model, self.last_checksums)
+        checked = self.engine.load_weights(gathered, checksum=self.sync_config.verify_checksum)
+        self.checked_tensors = checked
 
     def _chunk_loaded(self, index: int, full_bytes: int) -> None:
         self.ledger.record(
@@ -236,4 +226,4 @@ class ModeSwitch:
 
     @property
     def strategy(self) -> str:
-        return self._loader.strategy
+        return self.weight_facts.strategy

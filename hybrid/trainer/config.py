@@ -20,7 +20,7 @@ from hybrid.rewards.judge import load_template
 from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rewards.overlong import OverlongBufferConfig
 from hybrid.rollout.config import RolloutConfig
-from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.config import ScheduleConfig, SyncConfig
 from hybrid.synchronizer.policy import SyncPolicy
 from hybrid.validation import check_choice, check_positive, check_timeout
 from hybrid.workers.config import (
@@ -504,7 +504,7 @@ class TrainerConfig:
         return [self.workers_per_node] * self.nnodes
 
 
-def sync_policy(sync: SyncConfig) -> SyncPolicy:
+def sync_policy(sync: ScheduleConfig) -> SyncPolicy:
     """The split placement's schedule from the sync group (its rules checked there)."""
     return SyncPolicy(
         style=sync.style,

@@ -174,6 +174,7 @@ def startup_summary(
             f"{facts['sync_strategy']} (engine weights: {facts['weight_layout']}), "
             f"gather {c.sync.gather}",
         ),
+        *(("engine", note) for note in facts.get("weight_notes", [])),
         (
             (
                 "schedule",

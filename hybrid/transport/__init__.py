@@ -22,6 +22,7 @@ Receivers verify each tensor's digest when asked to (`sync.verify_checksum`;
 `TransportChecksumError` on a mismatch); waits have deadlines and fail with `TransportError` naming the other side.
 """
 
+from hybrid.ports import free_port
 from hybrid.transport.base import GroupTransport, Payload, WeightTransport
 from hybrid.transport.buckets import (
     Staging,
@@ -45,7 +46,6 @@ from hybrid.transport.collective import (
     BroadcastGroup,
     BroadcastTransport,
     broadcast_group_for,
-    free_port,
 )
 from hybrid.transport.device import transport_backend, transport_device
 from hybrid.transport.errors import TransportChecksumError, TransportError

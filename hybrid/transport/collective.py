@@ -404,14 +404,6 @@ def broadcast_group_for(
     return BroadcastGroup(host, port, rank, world_size, device=device, timeout_s=timeout_s)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that was free a moment ago (for rank 0's store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _local_address(remote_host: str) -> str:
     """This machine's address on the route to `remote_host` (a UDP connect sends nothing)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -52,6 +52,8 @@ class WorkerFacts(TypedDict):
     rollout_dtype: Dtype
     sync_strategy: str
     weight_layout: str
+    weight_notes: list[str]
+    """What the engine stores apart from what the sync sends (hybrid.rollout.weights)."""
 
 
 class ActorWorker(Worker):
@@ -159,6 +161,7 @@ class ActorWorker(Worker):
             "rollout_dtype": self.dtypes.rollout,
             "sync_strategy": "",
             "weight_layout": "",
+            "weight_notes": [],
         }
 
     # --- training ------------------------------------------------------------------------

@@ -20,8 +20,7 @@ from hybrid.memory.components import ByDevice, full_parameter_count
 from hybrid.rollout.engines import make_engine
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost
-from hybrid.sharding.checksum import verify
-from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.config import WeightPathConfig
 from hybrid.sharding.mode import Mode, ModeSwitch
 from hybrid.workers.actor import ActorWorker, WorkerFacts
 
@@ -89,8 +88,10 @@ class ActorRolloutWorker(ActorWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self) -> WorkerFacts:
         facts = super().describe()
-        facts["sync_strategy"] = self.modes.strategy
-        facts["weight_layout"] = self.engine.weight_layout
+        weights = self.modes.weight_facts
+        facts["sync_strategy"] = weights.strategy
+        facts["weight_layout"] = weights.layout
+        facts["weight_notes"] = weights.notes()
         return facts
 
     # --- rollout -------------------------------------------------------------------------
@@ -176,18 +177,14 @@ class ActorRolloutWorker(ActorWorker):
     # --- state ---------------------------------------------------------------------------
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def configure_sync(self, sync: SyncConfig) -> None:
+    def configure_sync(self, sync: WeightPathConfig) -> None:
         """Use another gather granularity / strategy from the next sync on (benchmarks)."""
         self.modes.configure(sync)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def verify_rollout_weights(self) -> int:
         """Re-check the engine's readable tensors against the last sync's checksums."""
-        if not self.modes.last_checksums:
-            raise RuntimeError(
-                "no checksums recorded: run a sync with sync.verify_checksum=true first"
-            )
-        return verify(self.engine.model, self.modes.last_checksums)
+        return self.engine.verify_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engine(self) -> None:

@@ -51,23 +51,26 @@ def target_modules(model: nn.Module, lora: LoraConfig) -> list[str]:
     return list(lora.target_modules)
 
 
-def check_lora_setup(model_path: str, lora: LoraConfig, lora_mode: str) -> None:
+def check_lora_setup(
+    model_path: str, lora: LoraConfig, lora_mode: str, engine: str = "vllm"
+) -> None:
     """Fail before any worker starts: target modules the model lacks, or adapter syncs to an
     engine that cannot serve LoRA for this architecture."""
     if not lora.enabled:
         return
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hybrid.rollout.vllm_compat import engine_supports_lora
+    from hybrid.rollout.engines import engine_class
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     target_modules(model, lora)
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
-    if lora_mode == "adapter" and not engine_supports_lora(architectures[0]):
+    if lora_mode == "adapter" and not engine_class(engine).supports_lora(architectures[0]):
         raise ValueError(
-            f"sync.lora_mode=adapter: vLLM has no LoRA support for {architectures[0]} "
+            f"sync.lora_mode=adapter: rollout.engine={engine} has no LoRA support for "
+            f"{architectures[0]} "
             f"({model_path}); use sync.lora_mode=merge, which sends merged full weights"
         )
 

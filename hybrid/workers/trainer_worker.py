@@ -22,9 +22,9 @@ import torch
 
 from hybrid.controller import Dispatch, register
 from hybrid.dtypes import torch_dtype
-from hybrid.sharding.gather import iter_full_parameters
+from hybrid.ports import free_port
+from hybrid.sharding.full_weights import full_weights
 from hybrid.transport.base import GroupTransport, Payload, WeightTransport
-from hybrid.transport.collective import free_port
 from hybrid.transport.factory import make_transport
 from hybrid.workers.actor import ActorWorker
 
@@ -48,14 +48,11 @@ class TrainerWorker(ActorWorker):
     def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The gathered weights: in the engine's dtype when an all-gather runs, else as the
         parameters hold them (the transport casts them)."""
-        s = self.config.sync
-        if self.lora_sync is not None:
-            # The explorers' engines hold plain full weights: LoRA sends the adapters folded
-            # into their base weights (sync.lora_mode's merge, whatever it says).
-            return self.lora_sync.iter_merged(s.layered_summon, on_group_done=None)
         gathers = self.parallel.fsdp_mesh.size() > 1
         dtype = self._engine_dtype if gathers else next(self.model.parameters()).dtype
-        return iter_full_parameters(self.model, s.gather, dtype, s.bucket_mb << 20)
+        # The explorers' engines hold plain full weights: LoRA sends the adapters folded into
+        # their base weights (sync.lora_mode's merge, whatever it says).
+        return full_weights(self.model, self.lora_sync, self.config.sync, dtype, merge_lora=True)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def publish_weights(self, version: int, synchronizer: Any) -> float:

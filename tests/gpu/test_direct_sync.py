@@ -52,13 +52,13 @@ def test_direct_strategy_loads_in_place_and_matches_the_actor(tmp_path: Path) ->
             MemoryLedger(),
             rollout_seed=0,
         )
-        assert engine.weight_layout == "plain"  # vLLM on CUDA keeps ordinary tensors
-        ptrs = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
+        assert modes.weight_facts.layout == "plain"  # vLLM on CUDA keeps ordinary tensors
+        ptrs = {n: p.data_ptr() for n, p in engine.stored_weights()}
         with modes.rollout_mode():
             assert modes.strategy == "direct"
             sequence = [1, 5, 6, 7, 8, 9, 10, 11]
             engine_lp = torch.tensor(engine.score([sequence])[0])
-        assert {n: p.data_ptr() for n, p in engine.model.named_parameters()} == ptrs
+        assert {n: p.data_ptr() for n, p in engine.stored_weights()} == ptrs
         with torch.no_grad():
             logits = model(torch.tensor([sequence], device=parallel.device)).logits.float()[0, :-1]
         actor_lp = torch.log_softmax(logits, -1).gather(

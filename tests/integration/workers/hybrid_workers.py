@@ -14,11 +14,11 @@ class InspectableActorRollout(ActorRolloutWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def engine_param_ptrs(self) -> dict[str, int]:
         """Storage address of every engine parameter that holds real storage."""
-        return {n: p.data_ptr() for n, p in self.engine.model.named_parameters() if p.numel()}
+        return {n: p.data_ptr() for n, p in self.engine.stored_weights()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def readable_engine_weights(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.engine.model.named_parameters() if p.numel()}
+        return {n: p.detach().clone() for n, p in self.engine.stored_weights()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rss_bytes(self) -> int:
@@ -27,7 +27,7 @@ class InspectableActorRollout(ActorRolloutWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def corrupt_engine_tensor(self, name: str) -> None:
         with torch.no_grad():
-            dict(self.engine.model.named_parameters())[name].view(-1)[0] += 1.0
+            dict(self.engine.stored_weights())[name].view(-1)[0] += 1.0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_once(self) -> None:

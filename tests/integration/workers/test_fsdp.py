@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.ports import free_port
 from hybrid.sharding.gather import CoalescedGather
 from hybrid.sharding.offload import (
     offload_optimizer,
@@ -269,19 +269,13 @@ def _resumed_run(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> di
 # --- parent side ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any) -> list[dict[str, Any]]:
     """Run `fn(rank, mesh, *args)` on 2 fresh gloo ranks; return each rank's result."""
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     context = mp.start_processes(
         _entry,
-        args=(fn, _free_port(), out_dir, args),
+        args=(fn, free_port("127.0.0.1"), out_dir, args),
         nprocs=WORLD_SIZE,
         join=False,
         start_method="spawn",

@@ -143,7 +143,7 @@ def test_checksum_catches_a_corrupted_engine_tensor(hybrid: tuple) -> None:
     actor.corrupt_engine_tensor("model.layers.1.post_attention_layernorm.weight")
     with pytest.raises(
         WorkerCallError,
-        match=r"'model\.layers\.1\.post_attention_layernorm\.weight' does not match",
+        match=r"'model\.layers\.1\.post_attention_layernorm\.weight' \(\w+\) does not match",
     ):
         actor.verify_rollout_weights()
     actor.sync_once()  # the next sync repairs it

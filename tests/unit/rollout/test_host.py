@@ -19,7 +19,7 @@ import torch
 from hybrid.data import Batch
 from hybrid.data.sample import SampleStatus
 from hybrid.dtypes import Dtype
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, WeightLayout
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost, build_samples, prompt_uids, unpad_prompts
@@ -35,8 +35,6 @@ class ScriptedEngine:
     -0.5 per token; streaming adds one token per request per step."""
 
     dtype: Dtype = "float32"
-    weight_layout: WeightLayout = "plain"
-    quantization = None
     kv_cache_bytes = 0
     weights_kept_on_host = False
 
@@ -45,7 +43,6 @@ class ScriptedEngine:
         self.calls: list[tuple[str, object]] = []
         self.live: dict[str, Continuation] = {}
         self.resident: set[ResumeTag] = {"weights", "kv_cache"}
-        self.model = torch.nn.Linear(2, 2)
 
     def generate(
         self,
@@ -97,8 +94,6 @@ class ScriptedEngine:
 
     def load_adapter(self, path: Path) -> None:
         raise AssertionError("the host never loads adapters")
-
-    def after_load(self) -> None: ...
 
     def reset_prefix_cache(self) -> None: ...
 

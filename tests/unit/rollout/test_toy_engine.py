@@ -295,7 +295,7 @@ def test_load_weights_writes_in_place(model_dir: Path) -> None:
     engine = make_engine(model_dir, ignore_eos=True)
     before_tokens = tokens(engine.generate(PROMPTS, seeds=SEEDS))
     before_scores = engine.score(PROMPTS)
-    embedding = engine.model.get_parameter("model.embed_tokens.weight")
+    embedding = dict(engine.stored_weights())["model.embed_tokens.weight"]
     generator = torch.Generator().manual_seed(3)
     perturbed = {
         name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator)
@@ -303,7 +303,7 @@ def test_load_weights_writes_in_place(model_dir: Path) -> None:
         if name != "lm_head.weight"  # tied: the embedding carries it
     }
     engine.load_weights(perturbed.items())
-    assert engine.model.get_parameter("model.embed_tokens.weight") is embedding
+    assert dict(engine.stored_weights())["model.embed_tokens.weight"] is embedding
     assert torch.equal(embedding, perturbed["model.embed_tokens.weight"])
     reference = hf_model(model_dir)
     reference.load_state_dict(perturbed, strict=False)
@@ -405,10 +405,15 @@ def test_works_beside_a_process_group(model_dir: Path, tmp_path: Path) -> None:
 
 def test_memory_verbs_and_shutdown(model_dir: Path) -> None:
     engine = make_engine(model_dir)
-    assert (engine.weight_layout, engine.quantization, engine.dtype) == ("plain", None, "float32")
+    facts = engine.configure_loads("auto")
+    assert (facts.strategy, facts.layout, facts.apart, engine.dtype) == (
+        "reload",
+        "plain",
+        (),
+        "float32",
+    )
     engine.release()
     engine.resume(["weights", "kv_cache"])
-    engine.after_load()
     engine.reset_prefix_cache()
     assert engine.resident == {"weights", "kv_cache"}
     assert len(engine.generate(PROMPTS, seeds=SEEDS)) == len(PROMPTS)

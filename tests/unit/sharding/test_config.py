@@ -1,10 +1,11 @@
-"""Unit tests for `hybrid.sharding.config.SyncConfig` validation: errors name the field."""
+"""Unit tests for `hybrid.sharding.config.SyncConfig` validation (errors name the field) and its
+split into the weight path and the schedule."""
 
 import dataclasses
 
 import pytest
 
-from hybrid.sharding.config import SyncConfig
+from hybrid.sharding.config import ScheduleConfig, SyncConfig, WeightPathConfig
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +44,18 @@ def test_invalid_values_name_the_field(kwargs: dict, message: str) -> None:
 def test_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         SyncConfig().bucket_mb = 1  # type: ignore[misc]
+
+
+def test_sync_config_is_its_two_parts_and_each_checks_its_own_fields() -> None:
+    path = {f.name for f in dataclasses.fields(WeightPathConfig)}
+    schedule = {f.name for f in dataclasses.fields(ScheduleConfig)}
+    assert not path & schedule, "a field belongs to one part"
+    assert {f.name for f in dataclasses.fields(SyncConfig)} == path | schedule
+    assert "gather" in path and "method" in schedule and "verify_checksum" in path
+    assert isinstance(SyncConfig(), WeightPathConfig) and isinstance(SyncConfig(), ScheduleConfig)
+    with pytest.raises(ValueError, match=r"sync\.gather"):
+        WeightPathConfig(gather="half")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"sync\.style"):
+        ScheduleConfig(style="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"sync\.offset must be >= 0"):
+        SyncConfig(offset=-1)

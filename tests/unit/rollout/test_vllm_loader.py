@@ -1,20 +1,12 @@
-"""Unit tests for `hybrid.sharding.loader`: the Hugging Face -> engine parameter name map
+"""Unit tests for `hybrid.rollout.vllm_loader` and `hybrid.rollout.weights`: the Hugging Face -> engine parameter name map
 (plain and LoRA-wrapped engines, tied and untied heads) and the choice between the reload and
 direct strategies (no vLLM engine needed: the engine's names are given as vLLM lays them out)."""
 
-from collections.abc import Iterable
-
 import pytest
-import torch
 
-from hybrid.sharding.direct_fit import EngineLayer, direct_blockers
-from hybrid.sharding.loader import (
-    EngineNames,
-    Target,
-    WeightLoader,
-    canonical_name,
-    choose_strategy,
-)
+from hybrid.rollout.direct_fit import EngineLayer, direct_blockers
+from hybrid.rollout.vllm_loader import EngineNames, Target, canonical_name
+from hybrid.rollout.weights import choose_strategy
 
 pytestmark = pytest.mark.unit
 
@@ -188,40 +180,3 @@ def test_auto_refuses_direct_where_the_engine_layout_differs(
         ValueError, match=r"sync\.strategy=direct cannot refresh this engine exactly"
     ):
         choose_strategy("direct", "plain", False, blockers)
-
-
-class HfModuleEngine:
-    """What WeightLoader reads of an engine whose module is a plain Hugging Face model (the
-    toy engine's case): the protocol's description members and its reload."""
-
-    weight_layout = "plain"
-    quantization = None
-
-    def __init__(self) -> None:
-        from transformers import AutoModelForCausalLM
-
-        from hybrid.models import TinyModelConfig
-        from hybrid.models.tiny import hf_config
-
-        self.model = AutoModelForCausalLM.from_config(hf_config(TinyModelConfig.preset("tiny")))
-        self.loaded: list[str] = []
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.loaded = [name for name, _ in weights]
-
-    def after_load(self) -> None:
-        raise AssertionError("reload runs the engine's own post-load work")
-
-
-def test_a_hugging_face_engine_module_reloads_and_refuses_direct() -> None:
-    """Without importing vLLM: a module that is not one of its model classes reloads."""
-    engine = HfModuleEngine()
-    loader = WeightLoader(engine, "auto")  # type: ignore[arg-type]
-    assert loader.strategy == "reload"
-    names = [name for name, _ in engine.model.named_parameters()]
-    loader.load((name, torch.zeros(1)) for name in names)
-    assert engine.loaded == names
-    # Hugging Face names map onto themselves (the checksum's engine names).
-    assert loader.engine_name(names[1]) == names[1]
-    with pytest.raises(ValueError, match=r"sync\.strategy=direct .*not a vLLM model"):
-        WeightLoader(engine, "direct")  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """Where the `direct` sync is exact: every engine weight still has its Hugging Face layout.
 
 `direct` hands each gathered tensor to the engine parameter's own weight loader and copies it
-in (hybrid.sharding.loader). That is exact only where the parameter holds the checkpoint's
+in (hybrid.rollout.vllm_loader). That is exact only where the parameter holds the checkpoint's
 tensor as is (or a plain TP slice of it). vLLM changes the layout of some layers after loading,
 and then a copy writes the wrong thing without any error:
   - quantized linear layers (FP8, AWQ, GPTQ, Marlin, bitsandbytes...): weights transposed,
@@ -89,9 +89,3 @@ def engine_layers(model: torch.nn.Module) -> list[EngineLayer]:
             )
         )
     return layers
-
-
-def summarize(blockers: list[str], shown: int = 3) -> str:
-    """A short reason for a log line or an error."""
-    more = f" (and {len(blockers) - shown} more)" if len(blockers) > shown else ""
-    return "; ".join(blockers[:shown]) + more

