@@ -22,15 +22,8 @@ from hybrid.doctor.stack import stack_checks, versions
 from hybrid.doctor.verdict import Check, PlanSummary, Report
 from hybrid.memory.model_shape import ModelShape, known_presets
 from hybrid.planner.plan import plan_memory
-from hybrid.rollout.engine_args import (
-    MIN_GPU_KV_SEQUENCES,
-    EngineSite,
-    check_gpu_kv_cache,
-    enforce_eager,
-    kv_cache_bytes,
-    seeds_requests,
-    sleep_level,
-)
+from hybrid.rollout.engine_args import MIN_GPU_KV_SEQUENCES, EngineSite
+from hybrid.rollout.engines import engine_class
 from hybrid.workers.attention import resolve_attn_implementation
 
 if TYPE_CHECKING:
@@ -98,22 +91,8 @@ def rollout_checks(config: TrainerRunConfig, shape: ModelShape | None) -> list[C
     # A Ray GPU actor sees exactly one device (hybrid.controller.resource_pool).
     site = EngineSite("cuda" if gpu else "cpu", visible_devices=1 if gpu else 0, local_rank=0)
     adapter_sync = config.model.lora.enabled and config.sync.lora_mode == "adapter"
-    kv = kv_cache_bytes(r, site)
-    kv_text = (
-        f"{kv / (1 << 20):g} MiB"
-        if kv is not None
-        else f"sized by rollout.gpu_memory_utilization={r.gpu_memory_utilization}"
-    )
-    sleep = f"sleep level {sleep_level(adapter_sync)}" if gpu else "no sleep mode (CPU)"
-    checks = [
-        Check(
-            "rollout",
-            "ok",
-            f"vLLM on {site.device_type}: enforce_eager={enforce_eager(r, site)}, "
-            f"seed_requests={seeds_requests(r, site)}, {sleep}, KV cache {kv_text}, "
-            f"tp {r.tensor_parallel_size}",
-        )
-    ]
+    engine = engine_class(r.engine)
+    checks = [Check("rollout", "ok", engine.describe_site(r, site, adapter_sync))]
     if not gpu or r.kv_cache_memory_bytes is None:
         return checks
     if shape is None:
@@ -128,7 +107,7 @@ def rollout_checks(config: TrainerRunConfig, shape: ModelShape | None) -> list[C
         )
         return checks
     try:
-        check_gpu_kv_cache(r, shape.kv_bytes_per_token(r.tensor_parallel_size))
+        engine.check_kv_budget(r, site, shape.kv_bytes_per_token(r.tensor_parallel_size))
     except ValueError as error:
         checks.append(
             Check(

@@ -8,8 +8,8 @@ weights where the engine can) and `resume` (bring back what `release` freed, by 
 `shutdown`. The engine owns its weight path: `configure_loads` (how it will take synced weights,
 and what it stores apart: hybrid.rollout.weights), `load_weights` (a stream of Hugging
 Face-named full tensors, checked on request), `verify_weights`, `weights_digest`,
-`stored_weights`, `load_adapter` and `reset_prefix_cache`; `supports_lora` answers before an
-engine exists. `dtype` is what the sync casts to; `resident`, `kv_cache_bytes` and
+`stored_weights`, `load_adapter` and `reset_prefix_cache`. Class methods answer before an engine
+exists: `supports_lora`, `describe_site` (what it is given where it runs), `check_kv_budget`. `dtype` is what the sync casts to; `resident`, `kv_cache_bytes` and
 `weights_kept_on_host` tell the memory ledger what the engine holds where.
 """
 
@@ -24,6 +24,8 @@ import torch
 
 from hybrid.data import Batch
 from hybrid.dtypes import Dtype
+from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.engine_args import EngineSite
 from hybrid.rollout.weights import RequestedStrategy, WeightFacts, WeightsDigest
 
 ResumeTag = Literal["weights", "kv_cache"]
@@ -58,6 +60,19 @@ class RolloutEngine(Protocol):
     def supports_lora(cls, architecture: str) -> bool:
         """Whether this engine can serve LoRA adapters for a model of `architecture` (asked
         before any engine is built: an adapter sync on an engine without it is refused)."""
+        ...
+
+    @classmethod
+    def describe_site(cls, config: RolloutConfig, site: EngineSite, adapter_sync: bool) -> str:
+        """One line: what this engine is given where it would run (the doctor's report)."""
+        ...
+
+    @classmethod
+    def check_kv_budget(
+        cls, config: RolloutConfig, site: EngineSite, kv_bytes_per_token: int
+    ) -> None:
+        """Raise ValueError naming the field if the configured KV cache cannot hold what the
+        engine needs at `site` (`kv_bytes_per_token`: one engine's share per cached token)."""
         ...
 
     @property

@@ -185,6 +185,19 @@ class ToyEngine:
         """peft serves any architecture the Hugging Face model has."""
         return True
 
+    @classmethod
+    def describe_site(cls, config: RolloutConfig, site: EngineSite, adapter_sync: bool) -> str:
+        return (
+            "toy engine on cpu (the Hugging Face model, one request at a time, no KV cache "
+            f"preallocated): seed_requests={seeds_requests(config, site)}"
+        )
+
+    @classmethod
+    def check_kv_budget(
+        cls, config: RolloutConfig, site: EngineSite, kv_bytes_per_token: int
+    ) -> None:
+        """Each request grows its own cache: nothing to size."""
+
     @property
     def _module(self) -> torch.nn.Module:
         """The Hugging Face module (by reference; LoRA layers injected once an adapter is

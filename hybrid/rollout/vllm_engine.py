@@ -26,8 +26,10 @@ from hybrid.rollout.direct_fit import direct_blockers, engine_layers
 from hybrid.rollout.engine_args import (
     EngineSite,
     check_gpu_kv_cache,
+    enforce_eager,
     engine_environ,
     engine_kwargs,
+    kv_cache_bytes,
     scoped_environ,
     seeds_requests,
     sleep_level,
@@ -91,9 +93,8 @@ class VllmEngine:
         )
         adapter_rank = vllm_lora_rank(lora_rank) if lora_rank else 0
         if self.on_cuda:
-            check_gpu_kv_cache(
-                config, model_shape(model_path).kv_bytes_per_token(config.tensor_parallel_size)
-            )
+            per_token = model_shape(model_path).kv_bytes_per_token(config.tensor_parallel_size)
+            self.check_kv_budget(config, self.site, per_token)
         self.sleep_level = sleep_level(adapter_sync=lora_rank > 0)
         self.seed_requests = seeds_requests(config, self.site)
         self.lora_request: Any = None
@@ -125,6 +126,32 @@ class VllmEngine:
     @classmethod
     def supports_lora(cls, architecture: str) -> bool:
         return engine_supports_lora(architecture)
+
+    @classmethod
+    def describe_site(cls, config: RolloutConfig, site: EngineSite, adapter_sync: bool) -> str:
+        kv = kv_cache_bytes(config, site)
+        kv_text = (
+            f"{kv / (1 << 20):g} MiB"
+            if kv is not None
+            else f"sized by rollout.gpu_memory_utilization={config.gpu_memory_utilization}"
+        )
+        sleep = "no sleep mode (CPU)"
+        if site.on_cuda:
+            sleep = f"sleep level {sleep_level(adapter_sync)}"
+        return (
+            f"vLLM on {site.device_type}: enforce_eager={enforce_eager(config, site)}, "
+            f"seed_requests={seeds_requests(config, site)}, {sleep}, KV cache {kv_text}, "
+            f"tp {config.tensor_parallel_size}"
+        )
+
+    @classmethod
+    def check_kv_budget(
+        cls, config: RolloutConfig, site: EngineSite, kv_bytes_per_token: int
+    ) -> None:
+        """On CUDA an explicit cache must hold MIN_GPU_KV_SEQUENCES whole sequences; on CPU
+        vLLM takes the bytes it is given."""
+        if site.on_cuda:
+            check_gpu_kv_cache(config, kv_bytes_per_token)
 
     @cached_property
     def _module(self) -> torch.nn.Module:

@@ -21,6 +21,11 @@ save completes, the whole checkpoints beyond the newest `keep` are deleted, olde
 Damaged ones are neither counted nor deleted. The newest whole one (what a resume loads) and
 the one just written are never deleted, so an old one goes only once a newer one is whole.
 
+`CheckpointWriter` is the one save both the driver (under output_dir) and the SFT stage (under
+output_dir/sft) use: it removes a stale manifest of the same step first, has the critic then the
+actor write their state (and the actor its LoRA adapter), writes the manifest, then applies
+retention. It also appends the workers' memory ledger to the same directory's memory.jsonl.
+
 Across nodes every rank writes its shards under the same path, so the output directory must
 be one that every node sees (a shared file system): `shared_dir_error` says which ranks and
 nodes do not, before any model is built.
@@ -29,6 +34,7 @@ nodes do not, before any model is built.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,6 +42,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hybrid.memory.records import write_records
+from hybrid.workers.lora import LORA_ADAPTER_DIR
+
+if TYPE_CHECKING:
+    from hybrid.controller import WorkerGroupView
+
+logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -224,6 +239,63 @@ def prune_checkpoints(
         shutil.rmtree(path)
         shutil.rmtree(path.parent / "critic" / path.name, ignore_errors=True)
     return doomed
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointWriter:
+    """What a stage writes under `root` (output_dir for RL, output_dir/sft for the SFT stage):
+    its `step_<N>` checkpoints and its memory.jsonl."""
+
+    root: Path
+    keep: int | None
+    """trainer.max_checkpoints_to_keep (None: keep all)."""
+    memory_log_freq: int
+    """trainer.memory_log_freq: the ledger of every N-th step goes to memory.jsonl (0: only
+    step 0's, the initialisation)."""
+    what: str = "checkpoint"
+    """How the retention log line names a checkpoint ("SFT checkpoint")."""
+
+    def save(
+        self,
+        step: int,
+        actor: WorkerGroupView,
+        extra: dict[str, Any],
+        critic: WorkerGroupView | None = None,
+        adapter: bool = False,
+    ) -> Path:
+        """`step_<step>` under root: the critic's state (under `critic/`), the actor's with
+        `extra`, the LoRA adapter in peft's format when `adapter`, then the manifest; whole
+        only once that is written. Then the whole ones beyond `keep` are deleted."""
+        path = checkpoint_dir(self.root, step)
+        critic_dir = critic_checkpoint_dir(self.root, step) if critic is not None else None
+        # A step_N of an earlier run (resume=disable, or one resumed before step N) stops
+        # counting as whole before any of its files, the critic's first, is replaced.
+        (path / MANIFEST_FILE).unlink(missing_ok=True)
+        if critic is not None and critic_dir is not None:
+            critic.save_checkpoint(str(critic_dir))
+        actor.save_checkpoint(str(path), extra=extra)
+        if adapter:
+            actor.export_adapter(str(path / LORA_ADAPTER_DIR))
+        write_manifest(path, step, critic_dir)
+        # Only now is this checkpoint whole: the older ones beyond the limit may go.
+        needs_critic = critic_dir is not None
+        for old in prune_checkpoints(self.root, self.keep, step, needs_critic=needs_critic):
+            logger.info(
+                "deleted %s %s (trainer.max_checkpoints_to_keep=%s)", self.what, old, self.keep
+            )
+        return path
+
+    def log_memory(self, actor: WorkerGroupView, step: int) -> None:
+        """Drain every worker's memory ledger, stamped `step`; append it to root/memory.jsonl
+        at step 0 and every `memory_log_freq`-th step."""
+        per_rank = actor.pop_memory_records(step)
+        freq = self.memory_log_freq
+        if step == 0 or (freq and step % freq == 0):
+            records = [record for records in per_rank for record in records]
+            write_records(self.root / "memory.jsonl", records)
 
 
 def shared_dir_error(

@@ -35,16 +35,9 @@ from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
 from hybrid.data.sft import SftDataset
 from hybrid.data.sft_loader import SftLoader
-from hybrid.memory.records import write_records
 from hybrid.models import load_tokenizer
 from hybrid.trainer.balance import balanced_order
-from hybrid.trainer.checkpoints import (
-    MANIFEST_FILE,
-    checkpoint_dir,
-    prune_checkpoints,
-    resumable_checkpoint,
-    write_manifest,
-)
+from hybrid.trainer.checkpoints import CheckpointWriter, checkpoint_dir, resumable_checkpoint
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import print_lines
 from hybrid.trainer.metrics import drop_rows_after, make_sinks, reduce_over_ranks
@@ -103,6 +96,10 @@ class SftStage:
         tokenizer = load_tokenizer(config.model.path)
         self.dataset = SftDataset(s.train_files, tokenizer, s.max_length, s.truncation)
         self.loader = SftLoader(self.dataset, s.batch_size, seed=s.seed)
+        t = config.trainer
+        self.writer = CheckpointWriter(
+            self.out, t.max_checkpoints_to_keep, t.memory_log_freq, what="SFT checkpoint"
+        )
 
     @property
     def out(self) -> Path:
@@ -164,7 +161,7 @@ class SftStage:
                 sinks.log(step, metrics)
                 if step == s.total_steps or (s.save_freq and step % s.save_freq == 0):
                     self._save(actor, step)
-                self._log_memory(actor, step)
+                self.writer.log_memory(actor, step)  # to sft/memory.jsonl
         finally:
             sinks.close()
         actor.end_sft()
@@ -213,21 +210,14 @@ class SftStage:
         return metrics
 
     def _save(self, actor: WorkerGroupView, step: int) -> None:
-        """A whole checkpoint of SFT step `step` once its manifest, written last, is there."""
-        path = checkpoint_dir(self.out, step)
-        # A step_N of an earlier run stops counting as whole before any file is replaced.
-        (path / MANIFEST_FILE).unlink(missing_ok=True)
+        """A checkpoint of SFT step `step`: the actor's state, with the SFT data position."""
         extra: dict[str, Any] = {
             "stage": STAGE,
             "step": step,
             "total_steps": self.config.sft.total_steps,
             "loader": self.loader.state_dict(),
         }
-        actor.save_checkpoint(str(path), extra=extra)
-        write_manifest(path, step, None)
-        keep = self.config.trainer.max_checkpoints_to_keep
-        for old in prune_checkpoints(self.out, keep, step):
-            logger.info("deleted SFT checkpoint %s (trainer.max_checkpoints_to_keep=%s)", old, keep)
+        self.writer.save(step, actor, extra)
 
     def _load(self, actor: WorkerGroupView, path: Path) -> None:
         extra = actor.load_checkpoint(str(path))[0]
@@ -237,11 +227,3 @@ class SftStage:
                 f"{self.out / 'checkpoints'} holds only the SFT stage's"
             )
         self.loader.load_state_dict(extra["loader"])
-
-    def _log_memory(self, actor: WorkerGroupView, step: int) -> None:
-        """Drain the workers' memory ledgers; append to sft/memory.jsonl when due."""
-        per_rank = actor.pop_memory_records(step)
-        freq = self.config.trainer.memory_log_freq
-        if freq and step % freq == 0:
-            records = [record for records in per_rank for record in records]
-            write_records(self.out / "memory.jsonl", records)
