@@ -5,10 +5,12 @@ states.py  the four states and each (method, side)'s allowed moves (pure)
 policy.py  the `fixed` and `dynamic_by_explorer` schedules and their lag bound (pure)
 decide.py  each side's "sync now?" on one view of the Synchronizer (pure)
 actor.py   the Synchronizer class and its threaded Ray actor
+client.py  the driver's blocking, typed handle on that actor (every call the two sides make)
 errors.py  PeerStoppedError
 """
 
 from hybrid.synchronizer.actor import Synchronizer, SynchronizerActor
+from hybrid.synchronizer.client import SynchronizerClient
 from hybrid.synchronizer.decide import SyncView, explorer_syncs, offer_open, trainer_publishes
 from hybrid.synchronizer.errors import PeerStoppedError
 from hybrid.synchronizer.policy import SyncPolicy, SyncStyle
@@ -33,6 +35,7 @@ __all__ = [
     "SyncView",
     "Synchronizer",
     "SynchronizerActor",
+    "SynchronizerClient",
     "Transition",
     "TransitionError",
     "allowed_transitions",

@@ -78,14 +78,17 @@ class Synchronizer:
                 self._stop_reasons[side] = None  # started (again)
             self._cond.notify_all()
 
-    def stop(self, side: Side, reason: str) -> None:
-        """Mark `side` stopped for `reason` and wake every waiter. Idempotent: a second stop
-        keeps the first reason. A side that never started is not logged (it was STOPPED) but
-        its reason is kept, so waiters on it fail."""
+    def stop(self, side: Side, reason: str, version: int | None = None) -> None:
+        """Mark `side` stopped for `reason` and wake every waiter (`version`, when given, is
+        the side's version as it stops). Idempotent: a second stop keeps the first reason. A
+        side that never started is not logged (it was STOPPED) but its reason is kept, so
+        waiters on it fail."""
         with self._cond:
             old = self._state_of(side)
             if old is SyncState.STOPPED and self._stop_reasons[side] is not None:
                 return
+            if version is not None:
+                self._versions[side] = version
             if old is not SyncState.STOPPED:
                 self._move(side, old, SyncState.STOPPED, reason)
             self._stop_reasons[side] = reason

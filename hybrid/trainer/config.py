@@ -759,7 +759,7 @@ class TrainerRunConfig:
         starts from) are the update's own first pass, its ratio exactly 1, so the separate
         old-log-prob pass is skipped. Colocated: a train batch is one update; fully_async: what
         the trainer takes for one update. Split keeps the pass: some of its rows are the probes
-        that check each explorer's copy of the version (SyncSides)."""
+        that check each explorer's copy of the version (SyncFollower)."""
         if self.algorithm.use_kl_in_reward:
             return False  # the penalty is taken between the old and the reference log-probs
         if self.trainer.mode == "fully_async":

@@ -25,32 +25,30 @@ import torch
 
 from hybrid.algorithms.kl_control import KLController, make_kl_controller
 from hybrid.data import PromptDataset, PromptLoader
-from hybrid.memory.records import write_records
 from hybrid.models import load_tokenizer
 from hybrid.rewards.manager import RewardManager, default_pool_size
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
 from hybrid.synchronizer.actor import SynchronizerActor
+from hybrid.synchronizer.client import SynchronizerClient
 from hybrid.trainer import placement
 from hybrid.trainer.agent_setup import check_agent_rows, prepare_agent
 from hybrid.trainer.checkpoints import (
-    MANIFEST_FILE,
+    CheckpointWriter,
     checkpoint_dir,
     critic_checkpoint_dir,
-    prune_checkpoints,
     resumable_checkpoint,
-    write_manifest,
 )
 from hybrid.trainer.config import TrainerRunConfig, sync_policy
 from hybrid.trainer.metrics import Sinks, drop_rows_after, make_sinks
 from hybrid.trainer.model_rewards import submit_rewards
 from hybrid.trainer.prompts import PromptFeed
-from hybrid.trainer.publisher import InProcessPublisher, TransportPublisher, WeightPublisher
+from hybrid.trainer.publisher import InProcessPublisher, WeightPublisher, transport_sides
 from hybrid.trainer.sft_stage import SftStage
 from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, RolloutSource
 from hybrid.trainer.sources.explorers import ExplorerSide
 from hybrid.trainer.sources.group_filter import DynamicSampling
 from hybrid.trainer.step import StepResult, TrainStep, merge_updates
-from hybrid.trainer.weight_sync import SyncSides, WeightChannel
+from hybrid.trainer.weight_sync import WeightChannel
 from hybrid.workers.config import JudgeConfig, RewardModelConfig
 from hybrid.workers.critic import check_critic_model
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
@@ -100,13 +98,17 @@ def assemble(
     if workers.explorers is None:
         return ColocatedSource(workers.members.actor, feed, sampling), InProcessPublisher()
     out = Path(c.trainer.output_dir)
-    synchronizer = SynchronizerActor.remote(
-        c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
+    synchronizer = SynchronizerClient(
+        SynchronizerActor.remote(
+            c.sync.method, str(out / "sync_timeline.jsonl"), c.sync.keep_versions
+        )
     )
     channel = WeightChannel(c.sync, synchronizer, workers.members.actor, workers.explorers)
     channel.connect()
-    sides = SyncSides(sync_policy(c.sync), channel, synchronizer, c.trainer.total_steps)
-    side = ExplorerSide(c, workers.explorers, sides, feed, pad_token_id)
+    publisher, follower = transport_sides(
+        sync_policy(c.sync), channel, c.trainer.total_steps, c.trainer.output_dir
+    )
+    side = ExplorerSide(c, workers.explorers, publisher, follower, feed, pad_token_id)
     # The queue hands groups over as they finish: their rule rewards can start at once, unless
     # a reward model or the judge scores the batch too (the train step then combines them).
     streamed = None if c.reward.model.enabled or c.reward.judge.enabled else rewards
@@ -115,13 +117,15 @@ def assemble(
         if c.trainer.mode == "fully_async"
         else BufferSource(side, sampling)
     )
-    return source, TransportPublisher(sides, c.trainer.output_dir)
+    return source, publisher
 
 
 class Driver:
     def __init__(self, config: TrainerRunConfig) -> None:
         config.check_paths()
-        check_lora_setup(config.model.path, config.model.lora, config.sync.lora_mode)
+        check_lora_setup(
+            config.model.path, config.model.lora, config.sync.lora_mode, config.rollout.engine
+        )
         c = self.config = config
         tokenizer = load_tokenizer(c.model.path)
         self.agent = prepare_agent(c.rollout, tokenizer)
@@ -266,7 +270,6 @@ class Driver:
                 self.step += 1
                 metrics = self.train_one_step()
                 self.finish_step(sinks, metrics)
-                self.source.after_step(self.step)
                 self.publisher.after_step(self.step)
         except BaseException as error:
             cause = self.source.fail(error)
@@ -358,11 +361,7 @@ class Driver:
 
     def log_memory(self, step: int) -> None:
         """Drain every worker's memory ledger; append it to memory.jsonl when due."""
-        per_rank = self.actor.pop_memory_records(step)
-        freq = self.config.trainer.memory_log_freq
-        if step == 0 or (freq and step % freq == 0):
-            path = Path(self.config.trainer.output_dir) / "memory.jsonl"
-            write_records(path, [record for records in per_rank for record in records])
+        self.writer.log_memory(self.actor, step)
 
     def export(self) -> None:
         out = Path(self.config.trainer.output_dir)
@@ -375,31 +374,23 @@ class Driver:
 
     # --- checkpoints ------------------------------------------------------------------------
 
+    @property
+    def writer(self) -> CheckpointWriter:
+        """The checkpoints and memory.jsonl under output_dir."""
+        t = self.config.trainer
+        return CheckpointWriter(Path(t.output_dir), t.max_checkpoints_to_keep, t.memory_log_freq)
+
     def save(self) -> None:
-        """A checkpoint of this step, with the prompt position the source says a resumed run
-        starts from; whole once its manifest, written last, is there."""
-        out = self.config.trainer.output_dir
-        path = checkpoint_dir(out, self.step)
-        critic_dir = critic_checkpoint_dir(out, self.step) if self.critic is not None else None
-        # A step_N of an earlier run (resume=disable, or one resumed before step N) stops
-        # counting as whole before any of its files, the critic's first, is replaced.
-        (path / MANIFEST_FILE).unlink(missing_ok=True)
+        """A checkpoint of this step (with the critic's state, and the LoRA adapter alone),
+        with the prompt position the source says a resumed run starts from."""
         extra: dict[str, Any] = {
             "step": self.step,
             "loader": self.source.resume_position(self.step),
         }
         if self.kl_ctrl is not None:
             extra["kl_ctrl"] = self.kl_ctrl.state_dict()
-        if self.critic is not None and critic_dir is not None:
-            self.critic.save_checkpoint(str(critic_dir))
-        self.actor.save_checkpoint(str(path), extra=extra)
-        if self.config.model.lora.enabled:  # the adapter alone, in peft's format
-            self.actor.export_adapter(str(path / LORA_ADAPTER_DIR))
-        write_manifest(path, self.step, critic_dir)
-        # Only now is this checkpoint whole: the older ones beyond the limit may go.
-        keep = self.config.trainer.max_checkpoints_to_keep
-        for old in prune_checkpoints(out, keep, self.step, needs_critic=critic_dir is not None):
-            logger.info("deleted checkpoint %s (trainer.max_checkpoints_to_keep=%s)", old, keep)
+        lora = self.config.model.lora.enabled
+        self.writer.save(self.step, self.actor, extra, critic=self.critic, adapter=lora)
 
     def resume(self) -> None:
         """resume=auto: continue from the newest whole checkpoint (each damaged newer one

@@ -54,10 +54,6 @@ class RolloutSource(Protocol):
         """This step's figures of the rollout side (`worker`: the trainer workers' own)."""
         ...
 
-    def after_step(self, step: int) -> None:
-        """The step is done and logged (before the weight publisher runs)."""
-        ...
-
     def resume_position(self, step: int) -> dict[str, int]:
         """The prompt loader's position a run resumed from step `step`'s checkpoint starts at."""
         ...

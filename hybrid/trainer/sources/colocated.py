@@ -18,7 +18,7 @@ from hybrid.data import Batch
 from hybrid.data.sample import NO_VERSION
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.sources.base import Rollout
-from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally, GroupFilter
+from hybrid.trainer.sources.group_filter import DynamicSampling
 from hybrid.trainer.step import StepResult
 
 
@@ -32,7 +32,6 @@ class ColocatedSource:
         self.feed = feed
         self.sampling = sampling
         self.rollout_s = 0.0
-        self.tally = FilterTally()
 
     def start(self, step: int) -> None:
         pass  # nothing runs between steps
@@ -44,13 +43,9 @@ class ColocatedSource:
             return
         # Dynamic sampling: rounds of fresh prompts, all on this step's weights, until the
         # batch is full of informative groups or the rounds run out.
-        c = self.sampling
-        kept = GroupFilter(c.config, c.rewards, c.groups, f"train step {step}")
-        while kept.missing and not kept.exhausted():
-            kept.add(self._generate(step, kept.tally.rounds))
-            kept.round_done()
-        batch, scores = kept.finish()
-        self.tally.add(kept.tally)
+        batch, scores = self.sampling.collect(
+            f"train step {step}", lambda round, _: [self._generate(step, round)]
+        )
         yield Rollout(batch, scores)
 
     def _generate(self, step: int, round: int) -> Batch:
@@ -71,12 +66,8 @@ class ColocatedSource:
             "timing_s/rollout_call": self.rollout_s,
         }
         if self.sampling is not None:
-            out.update(self.tally.metrics())
-            self.tally = FilterTally()
+            out.update(self.sampling.metrics())
         return out
-
-    def after_step(self, step: int) -> None:
-        pass
 
     def resume_position(self, step: int) -> dict[str, int]:
         return self.feed.position()[0]

@@ -1,18 +1,25 @@
 """DAPO's dynamic sampling, as every source applies it: score the groups as they finish, keep
 those whose rewards differ, and ask for more until one update's worth is kept.
 
-`GroupFilter` is one update's filter: the source feeds it parts (a colocated or split
-generation round, a fully-async take from the queue) while `missing` is above zero and its
-rounds allow, then `finish` returns the kept groups with their rule rewards already scored (the
-train step does not score them again). Informative groups beyond the need are surplus: dropped
-and counted (a later step trains newer samples). When the rounds run out first,
-algorithm.filter_groups.on_exhausted decides: a named error, or a short batch completed with
-the uninformative groups, counted. Every group a round produced is in exactly one of kept,
-uninformative, surplus (`FilterTally`).
+`DynamicSampling.collect` is the one round loop: it asks the source's "next part" callable for
+more groups (a colocated or split generation round, a fully-async take from the queue) while
+groups are missing and the rounds allow, and returns the kept groups with their rule rewards
+already scored (the train step does not score them again). It also keeps the tally of every
+update since the step's metrics, which it drains itself. `GroupFilter` is one update's
+bookkeeping: informative groups beyond the need are surplus, dropped and counted (a later step
+trains newer samples). When the rounds run out first, algorithm.filter_groups.on_exhausted
+decides: a named error, or a short batch completed with the uninformative groups, counted.
+Every group a round produced is in exactly one of kept, uninformative, surplus (`FilterTally`).
+
+A round is an update's worth of groups: the rounds run out once max_num_gen_batches x the
+update's groups were taken (a generation round brings exactly that many; the queue's parts
+are counted the same way).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from hybrid.algorithms.group_filter import group_rows, informative_groups
@@ -59,13 +66,53 @@ class FilterTally:
         return out
 
 
-@dataclass(frozen=True)
-class DynamicSampling:
-    """What a source needs to filter: the settings, the rule rewards, the groups per update."""
+NextPart = Callable[[int, int], Sequence[Batch]]
+"""`next_part(round, room)`: more whole groups, in one part or several: `round` is the number
+of rounds taken so far (a generation round's prompt seeds), `room` the most groups still of
+use (the groups missing, within the rounds' budget)."""
 
-    config: FilterGroupsConfig
-    rewards: RewardManager
-    groups: int
+
+class DynamicSampling:
+    """A source's dynamic sampling: the settings, the rule rewards, the groups per update, and
+    the tally of the updates since the last `metrics` (split collects on its explorer thread
+    while the trainer drains: one lock)."""
+
+    def __init__(self, config: FilterGroupsConfig, rewards: RewardManager, groups: int) -> None:
+        self.config = config
+        self.rewards = rewards
+        self.groups = groups
+        self._tally = FilterTally()
+        self._lock = threading.Lock()
+
+    def collect(
+        self,
+        where: str,
+        next_part: NextPart,
+        progress: Callable[[FilterTally], None] | None = None,
+    ) -> tuple[Batch, ScoredRows]:
+        """One update's groups and their scored rule rewards, from parts of `next_part` until
+        `groups` informative groups are kept or the rounds run out (`where`: the update, for
+        the error). `progress(tally)` after each part's groups are sorted, and once more at
+        the end (the queue hands the places of the groups left out back at once)."""
+        kept = GroupFilter(self.config, self.rewards, self.groups, where)
+        while kept.missing and not kept.exhausted():
+            for part in next_part(kept.tally.rounds, kept.room):
+                kept.add(part)
+            if progress is not None:
+                progress(kept.tally)
+        try:
+            return kept.finish()
+        finally:
+            with self._lock:
+                self._tally.add(kept.tally)
+            if progress is not None:
+                progress(kept.tally)  # fewer left out if backfilled
+
+    def metrics(self) -> dict[str, float]:
+        """filter/ metrics of the updates since the last call."""
+        with self._lock:
+            tally, self._tally = self._tally, FilterTally()
+        return tally.metrics()
 
 
 class GroupFilter:
@@ -80,6 +127,8 @@ class GroupFilter:
         self.config, self.rewards = config, rewards
         self.wanted, self.where = wanted, where
         self.tally = FilterTally(updates=1)
+        self._budget = config.max_num_gen_batches * wanted
+        """Groups the rounds may take in all."""
         self._kept: list[tuple[Batch, ScoredRows]] = []
         self._aside: list[tuple[Batch, ScoredRows]] = []
         """Uninformative groups, one each, in arrival order (a short batch's backfill)."""
@@ -87,6 +136,11 @@ class GroupFilter:
     @property
     def missing(self) -> int:
         return self.wanted - self.tally.groups_kept
+
+    @property
+    def room(self) -> int:
+        """The most groups a next part may usefully bring: those missing, within the budget."""
+        return min(self.missing, self._budget - self.tally.groups_scored)
 
     def add(self, part: Batch) -> None:
         """Score `part` (whole groups) now and sort its groups."""
@@ -108,13 +162,11 @@ class GroupFilter:
                 t.groups_surplus += 1
         if keep:
             self._kept.append((part[keep], scored.select(keep)))
-
-    def round_done(self) -> None:
-        self.tally.rounds += 1
+        t.rounds = -(-t.groups_scored // self.wanted)  # update's worths taken, rounded up
 
     def exhausted(self) -> bool:
         """The rounds are spent."""
-        return self.tally.rounds >= self.config.max_num_gen_batches
+        return self.tally.groups_scored >= self._budget
 
     def finish(self) -> tuple[Batch, ScoredRows]:
         """The update's groups (kept first, then any backfill) and their scored rewards."""

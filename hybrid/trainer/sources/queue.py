@@ -9,6 +9,9 @@ scoring then, while the rest of its batch still generates. With dynamic sampling
 scored as it arrives and only groups whose rewards differ count towards the update; the queue
 counts the rest as filtered, and the Rollouter starts others in their place.
 
+The queue hears of each version from the trainer's publisher, once, as it goes out
+(`on_published`): which groups were trained by then is what paces the Rollouter.
+
 Resuming restarts the Rollouter at the prompt loader's position at the checkpoint: prompts
 that were in flight then (generating or queued) are not replayed, and the log says how many.
 """
@@ -19,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +33,8 @@ from hybrid.buffer.staleness import production_budget
 from hybrid.data import Batch
 from hybrid.rewards.manager import RewardManager, RewardStream, Scores
 from hybrid.trainer.sources.base import Rollout
-from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide
-from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally, GroupFilter
+from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide, poll, stop_side
+from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally
 from hybrid.trainer.sources.rollouter import Rollouter
 from hybrid.trainer.step import StepResult
 
@@ -51,9 +55,8 @@ class QueueSource:
         self.side = side
         self.rewards = rewards
         self.sampling = sampling
-        self.tally = FilterTally()
         self.parts_per_update: list[int] = []
-        self.config, self.sides, self.feed = side.config, side.sides, side.feed
+        self.config, self.feed = side.config, side.feed
         config = side.config
         self.lag_bound = config.fully_async.max_version_lag
         self.budget = production_budget(
@@ -75,7 +78,7 @@ class QueueSource:
             self.side.explorers,
             self.queue,
             self.feed.rows,
-            self.sides.explorer_catch_up,
+            self.side.follower.catch_up,
             groups_in_flight=self.budget if fa.partial_rollout else c.data.train_batch_size,
             max_steps=fa.chunk_tokens if fa.partial_rollout else None,
             partial_rollout=fa.partial_rollout,
@@ -83,7 +86,12 @@ class QueueSource:
             wake_on_grants=self.sampling is not None,
             on_error=self._rollouter_failed,
         )
+        self.side.publisher.subscribe(self)
         self.rollouter.start()
+
+    def on_published(self, version: int) -> None:
+        """The trainer publishes `version`, having trained every group it took so far."""
+        ray.get(self.queue.published.remote(version))
 
     def batches(self, step: int) -> Iterator[Rollout]:
         self.wait_s = 0.0
@@ -95,41 +103,32 @@ class QueueSource:
             if self.sampling is None:
                 parts, rewards = self.take(groups, step)
             else:
-                parts, rewards = self.take_filtered(groups, step)
+                parts, rewards = self.take_filtered(step)
             self.wait_s += time.perf_counter() - started
             self.parts_per_update.append(len(parts))
             yield Rollout(parts[0] if len(parts) == 1 else Batch.concat(parts), rewards)
 
-    def take_filtered(self, groups: int, step: int) -> tuple[list[Batch], Scores]:
-        """Dynamic sampling: the next `groups` groups whose rewards differ, each part scored as
-        it leaves the queue; at most max_num_gen_batches x `groups` taken (then on_exhausted
+    def take_filtered(self, step: int) -> tuple[list[Batch], Scores]:
+        """Dynamic sampling: an update's groups whose rewards differ, each part scored as it
+        leaves the queue; at most max_num_gen_batches updates' worth taken (then on_exhausted
         decides). The queue counts the groups left out as filtered: the Rollouter may start
         others in their place."""
         assert self.sampling is not None
-        c = self.sampling
-        kept = GroupFilter(c.config, c.rewards, groups, f"train step {step}")
-        budget = c.config.max_num_gen_batches * groups
-        taken = reported = 0
-        while kept.missing and taken < budget:
-            parts, _ = self.take(min(kept.missing, budget - taken), step, score=False)
-            for part in parts:
-                kept.add(part)
-                taken += len(part) // self.config.rollout.n
-            # At once: the Rollouter may be waiting for these places to start more groups.
-            reported = self._report_filtered(kept.tally.not_trained, reported)
-        # Rounds, as colocated counts them: the update's worth of groups taken.
-        kept.tally.rounds = -(-taken // groups)
-        try:
-            batch, scores = kept.finish()
-        finally:
-            self.tally.add(kept.tally)
-            self._report_filtered(kept.tally.not_trained, reported)  # less if backfilled
-        return [batch], scores
+        reported = 0
 
-    def _report_filtered(self, not_trained: int, reported: int) -> int:
-        if not_trained != reported:
-            ray.get(self.queue.filtered.remote(not_trained - reported))
-        return not_trained
+        def report(tally: FilterTally) -> None:
+            # At once: the Rollouter may be waiting for these places to start more groups.
+            nonlocal reported
+            if tally.not_trained != reported:
+                ray.get(self.queue.filtered.remote(tally.not_trained - reported))
+                reported = tally.not_trained
+
+        batch, scores = self.sampling.collect(
+            f"train step {step}",
+            lambda _, room: self.take(room, step, score=False)[0],
+            progress=report,
+        )
+        return [batch], scores
 
     def take(
         self, groups: int, step: int, score: bool = True
@@ -143,25 +142,25 @@ class QueueSource:
         stream = None if self.rewards is None or not score else self.rewards.stream()
         parts: list[Batch] = []
         missing = groups
-        waited_since = time.perf_counter()
         while missing:
-            samples = ray.get(self.queue.take.remote(missing, step - 1, POLL_S, 1))
-            if samples is not None:
-                part = self.side.to_batch(list(samples))
-                if stream is not None:
-                    stream.add(part)
-                parts.append(part)
-                missing -= len(samples) // self.config.rollout.n
-                waited_since = time.perf_counter()
-                continue
-            if self.rollouter.error is not None:
-                raise self.rollouter.error
-            if time.perf_counter() - waited_since > timeout_s:
-                raise TimeoutError(
-                    f"trainer step {step}: no group arrived from the Rollouter within "
-                    f"sync.timeout_s={timeout_s}s ({missing} of {groups} still missing)"
-                )
+            samples = poll(
+                partial(self._take_groups, missing, step - 1),
+                self.rollouter,
+                timeout_s,
+                f"trainer step {step}: no group arrived from the Rollouter within "
+                f"sync.timeout_s={timeout_s}s ({missing} of {groups} still missing)",
+            )
+            part = self.side.to_batch(samples)
+            if stream is not None:
+                stream.add(part)
+            parts.append(part)
+            missing -= len(samples) // self.config.rollout.n
         return parts, stream
+
+    def _take_groups(self, groups: int, trainer_version: int) -> list[Any] | None:
+        """Up to `groups` groups once one is there (None after POLL_S)."""
+        samples = ray.get(self.queue.take.remote(groups, trainer_version, POLL_S, 1))
+        return None if samples is None else list(samples)
 
     def trained(self, result: StepResult, trained_on: int) -> None:
         pass
@@ -180,14 +179,9 @@ class QueueSource:
             "queue/parts_per_update": sum(self.parts_per_update) / len(self.parts_per_update),
         }
         if self.sampling is not None:
-            out.update(self.tally.metrics())
+            out.update(self.sampling.metrics())
             out["queue/filtered"] = float(accounting["filtered"])
-            self.tally = FilterTally()
         return out
-
-    def after_step(self, step: int) -> None:
-        if step < self.config.trainer.total_steps:
-            ray.get(self.queue.published.remote(step))
 
     def resume_position(self, step: int) -> dict[str, int]:
         position, in_flight = self.feed.position()
@@ -203,7 +197,9 @@ class QueueSource:
     def finish(self) -> None:
         assert self.rollouter is not None
         self.rollouter.stopping.set()
-        ray.get(self.sides.sync.stop.remote("trainer", "finished"))
+        # The Rollouter never ends by itself: the trainer's side ends first (which ends a wait
+        # for a version), and the Rollouter stops at its next turn.
+        self.side.publisher.stop("finished")
         self.rollouter.join(timeout=self.config.sync.timeout_s)
         self.write_record()
 
@@ -211,18 +207,16 @@ class QueueSource:
         if self.rollouter is not None:
             self.rollouter.stopping.set()
         reason = f"trainer loop failed: {type(error).__name__}: {error}"
-        ray.get(self.sides.sync.stop.remote("trainer", reason))
-        if self.queue is not None:
-            ray.get(self.queue.close.remote(reason))
+        stop_side(self.side.publisher, self.queue, reason)
         # A dead Rollouter makes the trainer's next take or sync fail too: report it.
         died = None if self.rollouter is None else self.rollouter.error
         return died or error
 
     def _rollouter_failed(self, error: BaseException) -> None:
         """Wake the trainer wherever it waits (a take, a broadcast) with the Rollouter's end."""
-        reason = f"Rollouter failed: {type(error).__name__}: {error}"
-        ray.get(self.sides.sync.stop.remote("explorer", reason))
-        ray.get(self.queue.close.remote(reason))
+        stop_side(
+            self.side.follower, self.queue, f"Rollouter failed: {type(error).__name__}: {error}"
+        )
 
     def write_record(self) -> None:
         """fully_async.json: where every started group ended, and the pacing record."""

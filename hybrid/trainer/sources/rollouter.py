@@ -11,8 +11,9 @@ With no grant and nothing in flight the Rollouter pauses until the trainer publi
 version (with dynamic sampling, or until the trainer hands filtered groups' places back); that
 time is its idle time.
 
-It knows the weights only through `catch_up(wait)` (the trainer side passes it in: the sync
-belongs to the Synchronizer's state machine) and the prompts through `next_prompts(k)`.
+It knows the weights only through `catch_up(wait)` (its `SyncFollower`'s, which the source
+passes in: the sync belongs to the Synchronizer's protocol, whose trainer side alone publishes)
+and the prompts through `next_prompts(k)`.
 """
 
 from __future__ import annotations
