@@ -146,7 +146,7 @@ def test_nothing_below_the_top_floor_imports_the_planner() -> None:
 
 def test_the_rules_see_real_imports() -> None:
     # A check that reads nothing passes vacuously: the sync does import the engine.
-    assert "rollout" in imported_layers(PACKAGE / "sharding" / "loader.py")
+    assert "rollout" in imported_layers(PACKAGE / "sharding" / "mode.py")
     assert "sharding" in imported_layers(PACKAGE / "workers" / "actor_rollout.py")
     assert "transport" in imported_layers(PACKAGE / "explorer" / "worker.py")
     # ... and the planner's arrows: down to the run config (typing-only), up from the doctor.
