@@ -16,7 +16,7 @@ under the names of hybrid.memory.records.STEP_PHASES.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -99,8 +99,6 @@ class ModeSwitch:
         # Chosen by the engine, from what it knows of its own storage (hybrid.rollout.weights).
         self.weight_facts: WeightFacts = engine.configure_loads(sync.strategy)
         self._engine_dtype = torch_dtype(engine.dtype)
-        self.checked_tensors = 0
-        """Engine tensors the last checksummed sync compared (sync.verify_checksum)."""
         self.num_syncs = 0
 
     def require(self, mode: Mode, action: str) -> None:
@@ -185,7 +183,8 @@ class ModeSwitch:
         gathered = TimedIterator(counted(self._full_weights(), tally))
         sends_weights = self.lora is None or self.sync_config.lora_mode == "merge"
         if sends_weights or not self.base_in_engine:
-            self._load(gathered)
+            # With sync.verify_checksum the engine compares what it stored with what was sent.
+            self.engine.load_weights(gathered, checksum=self.sync_config.verify_checksum)
             self.base_in_engine = True
         gather_s = gathered.produce_s
         if not sends_weights:
@@ -211,10 +210,6 @@ class ModeSwitch:
         return full_weights(
             self.actor, self.lora, self.sync_config, self._engine_dtype, merge, self._chunk_loaded
         )
-
-    def _load(self, gathered: Iterable[tuple[str, torch.Tensor]]) -> None:
-        checked = self.engine.load_weights(gathered, checksum=self.sync_config.verify_checksum)
-        self.checked_tensors = checked
 
     def _chunk_loaded(self, index: int, full_bytes: int) -> None:
         self.ledger.record(
