@@ -9,7 +9,7 @@ PIP_OPTS ?=
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-full lint typecheck install clean
+.PHONY: demo test suite test-fast test-full lint typecheck install clean
 
 install: $(STAMP)
 
@@ -30,18 +30,26 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy hybrid
 
-# Two single-threaded jobs on two cores: mypy beside the unit tier; then the integration tier.
-test: lint
-	$(MAKE) --no-print-directory -j2 typecheck test-fast
-	$(PY) -m pytest -m "not unit and not full"
+# The suite runs on two pytest workers (pytest-xdist), both tiers in one run: an integration
+# run waits on process starts and on its own workers for a good share of its wall time, which
+# the other worker fills, and the unit tier's small files fill the end. A test file stays on
+# one worker (`--dist loadfile`): its module fixtures (a built model, a shared run) are made
+# once. mypy runs beside it.
+XDIST := -n 2 --dist loadfile
 
-# The unit tier alone (no Ray, no vLLM): about a minute, for the edit loop.
+test: lint
+	$(MAKE) --no-print-directory -j2 typecheck suite
+
+suite: $(STAMP)
+	$(PY) -m pytest $(XDIST) -m "not full"
+
+# The unit tier alone (no Ray, no vLLM): about two minutes, for the edit loop.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "unit and not full"
+	$(PY) -m pytest $(XDIST) -m "unit and not full"
 
 # Everything, the `full` variants too (more architectures x LoRA; deselected by `make test`).
 test-full: lint typecheck
-	$(PY) -m pytest -m "full or not full"
+	$(PY) -m pytest $(XDIST) -m "full or not full"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: one Ray cluster per session, and the `gpu` marker's skip rule."""
+"""Suite-wide fixtures: one Ray cluster per session, the `gpu` marker's skip rule, and the
+suite's one environment setting (no torch.compile)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# vLLM compiles two of its sampler ops with inductor at an engine's first generation: about
+# three seconds of CPU per engine start (and g++ runs on a cold inductor cache), paid again
+# by every worker, explorer and child run of the suite. Nothing in the suite tests
+# compilation, and the eager ops compute the same; set before any Ray cluster or child process
+# starts, so that every process of the suite inherits it. A test of compilation unsets it.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

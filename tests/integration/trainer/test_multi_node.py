@@ -146,6 +146,7 @@ def two_node_run(
     return out, done.stdout, read_metrics(out)
 
 
+@pytest.mark.full  # by default the split run of test_split.py trains FSDP across two nodes
 def test_three_hsdp_steps_on_two_nodes_match_one_node(
     two_nodes: tuple[str, list[str]],
     two_node_run: tuple[Path, str, list[dict]],
@@ -216,7 +217,7 @@ def test_lora_on_two_nodes_syncs_adapters_only(
         assert m["rollout/logprob_diff_max"] < LOGPROB_DIFF_MAX, m["step"]
 
 
-@pytest.mark.full  # two nodes run by default with HSDP (the test above)
+@pytest.mark.full  # two nodes run by default in test_split.py (the trainers' FSDP group)
 def test_plain_fsdp_across_two_nodes_trains_as_one_node(
     two_nodes: tuple[str, list[str]],
     assets: Path,

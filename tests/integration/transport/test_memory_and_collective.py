@@ -76,6 +76,7 @@ class Peer:
             "gloo", init_method=f"tcp://{HOST}:{default_group_port}", rank=0, world_size=1
         )
         self.idle_group: BroadcastGroup | None = None
+        self.receiving_group: BroadcastGroup | None = None
 
     def default_group_works(self) -> bool:
         tensor = torch.full((3,), 2.0)
@@ -110,9 +111,19 @@ class Peer:
             self.idle_group.close()
             self.idle_group = None
 
+    def join_as_receiver(self, port: int, timeout_s: float) -> None:
+        self.receiving_group = BroadcastGroup(HOST, port, 1, 2, timeout_s=timeout_s)
+
     def receive_until_error(self, port: int, timeout_s: float, slots: int = 0) -> tuple[str, float]:
+        self.join_as_receiver(port, timeout_s)
+        return self.receive_on_joined(slots)
+
+    def receive_on_joined(self, slots: int = 0) -> tuple[str, float]:
+        """Receive on the group `join_as_receiver` formed until the receive fails."""
+        assert self.receiving_group is not None, "join_as_receiver first"
+        group, self.receiving_group = self.receiving_group, None
         staging = Staging(slots) if slots else None
-        with BroadcastGroup(HOST, port, 1, 2, timeout_s=timeout_s) as group:
+        with group:
             start = time.monotonic()
             try:
                 list(group.receive(staging=staging))
@@ -172,11 +183,13 @@ def test_a_receiver_whose_sender_dies_fails_fast(peers: list[Any], slots: int) -
     doomed = Peer.remote(free_port(HOST))  # type: ignore[attr-defined]
     receiver = peers[1]
     port = free_port(HOST)
-    joined = doomed.join_and_stay_silent.remote(port, 60)
-    receiving = receiver.receive_until_error.remote(port, 60, slots)
-    ray.get(joined)
+    # Both ranks have formed the group before the sender dies: its death is then seen by the
+    # receive, not by the receiver's join (which a loaded machine can leave unfinished).
+    ray.get(
+        [doomed.join_and_stay_silent.remote(port, 60), receiver.join_as_receiver.remote(port, 60)]
+    )
     ray.kill(doomed)
-    message, waited = ray.get(receiving)
+    message, waited = ray.get(receiver.receive_on_joined.remote(slots))
     assert waited < 20, "the death should be seen long before the 60 s timeout"
     assert re.search(rf"rank 1/2, {HOST}:{port}.*broadcast failed", message), message
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import psutil
 import torch
 
@@ -23,6 +25,22 @@ class InspectableActorRollout(ActorRolloutWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rss_bytes(self) -> int:
         return psutil.Process().memory_info().rss
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def live_tensor_bytes(self) -> int:
+        """Bytes of the distinct storages of every tensor a Python object of this process
+        still references (what a sync that keeps its gathered tensors would grow)."""
+        gc.collect()
+        storages = {}
+        for obj in gc.get_objects():
+            if not isinstance(obj, torch.Tensor) or obj.is_meta:
+                continue
+            try:
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+            except RuntimeError:  # a wrapper without storage of its own (DTensor): its local
+                continue  # tensor is counted on its own
+        return sum(storages.values())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def corrupt_engine_tensor(self, name: str) -> None:

@@ -77,14 +77,20 @@ def test_engine_storage_stays_in_place_and_memory_is_steady(hybrid: tuple) -> No
     ptrs = actor.engine_param_ptrs()
     assert ptrs[0], "the engine keeps no readable parameter"
     actor.sync_once()
-    rss = [actor.rss_bytes()]
+    rss, held = [actor.rss_bytes()], [actor.live_tensor_bytes()]
     for _ in range(20):
         actor.sync_once()
     rss.append(actor.rss_bytes())
+    held.append(actor.live_tensor_bytes())
     growth_mb = [(after - before) / 2**20 for before, after in zip(rss[0], rss[1], strict=True)]
-    print(f"RSS growth over 20 syncs per rank (MB): {growth_mb}")
+    print(f"RSS growth over 20 syncs per rank (MB): {growth_mb}; tensor bytes held: {held}")
     assert actor.engine_param_ptrs() == ptrs  # embeddings and norms: same storage
-    assert max(growth_mb) < 16
+    # Nothing a sync gathers outlives it: the tensors the process holds are the same bytes.
+    assert held[1] == held[0]
+    # RSS also sees what no Python object holds; the allocator's fragmentation grows it by a
+    # few MB per 20 syncs of this model (6-17 MB measured, 956db88 alike), a leak of the
+    # gathered weights (0.6 MB a sync) by 12 MB more.
+    assert max(growth_mb) < 32
 
 
 def test_gather_modes_give_identical_engines(hybrid: tuple, model_dir: Path) -> None:
