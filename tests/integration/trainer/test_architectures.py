@@ -9,10 +9,12 @@ first sync must fill every tensor; the checkpoints get random biases and norm sc
 builder's are 0 and 1, which a missed tensor's dummy values would come too close to).
 
 Runtime: every case starts its own 2-worker group (Ray actors, FSDP2, vLLM), ~20-30 s each on
-2 cores. By default every family runs at least once: the full fine-tuning of Llama, tied
-Qwen2 and Mistral with the `auto` sync, untied Qwen2 and Qwen3 through their direct-sync cells
-(Qwen3 with LoRA), and LoRA on Llama with `auto`; the other cells are marked `full`
-(`-m full`).
+2 cores, so the whole file is `full` (`make test-full`). The default tier keeps each family's
+layout covered without an end-to-end run: the tiny models of every family load in transformers
+(tests/unit/models), vLLM's names for them are mapped from the engine model itself
+(hybrid/rollout/vllm_loader.py), the default model's runs cover the sync and LoRA end to end
+(test_grpo_e2e.py, test_lora_grpo.py), and the direct sync runs on both layouts in
+test_direct_load.py.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from hybrid.models.tiny import WEIGHTS_NAME
 from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(600)]
 
 # The e2e tests' bound: bf16 (or fp16) forwards on both sides, different kernels; these cases
 # measured 0.0017-0.0043 on CPU.
@@ -47,48 +49,8 @@ MODELS: dict[str, tuple[Architecture, bool]] = {
 FINETUNING = {"full": (), "lora": ("model.lora.rank=8",)}
 SYNC = {"auto": (), "fp16-direct": ("rollout.dtype=float16", "sync.strategy=direct")}
 DIRECT_MODELS = ("qwen2_untied", "qwen3")
-LORA_AUTO_BY_DEFAULT = "llama"
-
-
-# Families whose full fine-tuning runs by default through their direct-sync cell only, and
-# the direct LoRA cell of the untied family (the tied one keeps LoRA + direct covered).
-FULL_ONLY = {
-    ("qwen2_untied", "full", "auto"),
-    # The direct sync of full weights runs by default in test_direct_load.py (tied and
-    # untied).
-    ("qwen2_untied", "full", "fp16-direct"),
-    ("qwen3", "full", "fp16-direct"),
-    # LoRA with the direct fp16 sync: test-full (the default tier's budget); LoRA runs by
-    # default through Llama's auto cell, the direct sync through test_direct_load.py.
-    ("qwen3", "lora", "fp16-direct"),
-    # Mistral is Llama's layout with its own names; Llama runs by default (with LoRA).
-    ("mistral", "full", "auto"),
-    ("qwen3", "full", "auto"),
-    ("qwen2_untied", "lora", "fp16-direct"),
-    # The tied Qwen2 is the default model of every other end-to-end test; Llama runs by
-    # default with LoRA.
-    ("qwen2_tied", "full", "auto"),
-    ("llama", "full", "auto"),
-}
-
-
-def _case(model: str, finetuning: str, sync: str) -> object:
-    slow = (finetuning == "lora" and sync == "auto" and model != LORA_AUTO_BY_DEFAULT) or (
-        model,
-        finetuning,
-        sync,
-    ) in FULL_ONLY
-    return pytest.param(
-        model,
-        finetuning,
-        sync,
-        id=f"{model}-{finetuning}-{sync}",
-        marks=[pytest.mark.full] if slow else [],
-    )
-
-
 CASES = [
-    _case(model, finetuning, sync)
+    pytest.param(model, finetuning, sync, id=f"{model}-{finetuning}-{sync}")
     for model in MODELS
     for sync in SYNC
     for finetuning in FINETUNING

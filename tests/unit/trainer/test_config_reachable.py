@@ -7,6 +7,7 @@ Hydra's `+`; an override of each one reaches the typed config. Values the traine
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -90,6 +91,12 @@ DEFAULTS = dict(flat(schema_defaults()))
 
 def compose_config(name: str = "config", overrides: tuple[str, ...] = ()) -> DictConfig:
     return compose(name, list(overrides))
+
+
+@functools.cache
+def default_config() -> TrainerRunConfig:
+    """The demo config, typed: composed once for the few hundred field tests that read it."""
+    return to_typed(compose_config())
 
 
 def to_typed(cfg: DictConfig) -> TrainerRunConfig:
@@ -196,7 +203,7 @@ def test_config_yaml_sets_only_what_the_demo_changes() -> None:
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
 def test_each_field_overrides_without_a_plus(path: str) -> None:
-    current = get_path(to_typed(compose_config()), path)
+    current = get_path(default_config(), path)
     value = new_value(path, LEAVES[path], current)
     assert value != current or get_args(LEAVES[path]) == (current,)
     overrides = (*COMPANIONS.get(path, ()), f"{path}={as_override_value(value)}")
