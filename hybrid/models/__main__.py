@@ -1,23 +1,24 @@
 """`python -m hybrid.models --output-dir DIR [--preset tiny] [--architecture llama] [--vocab arithmetic] [--seed 0]`:
 write a tiny model directory (deterministic: same arguments, same bytes).
 
-`--architecture` picks the Hugging Face family (qwen2 by default, llama, mistral, qwen3);
+`--architecture` picks the Hugging Face family (qwen2 by default, llama, mistral, qwen3, and the
+mixtures of experts qwen3_moe and qwen2_moe: with `--preset tiny-moe`, or any preset);
 `--untied` gives the LM head its own matrix instead of sharing the input embedding."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from hybrid.models import TinyModelConfig, build_tiny_model, count_parameters
-from hybrid.models.config import ARCHITECTURES
+from hybrid.models.config import ARCHITECTURES, PresetName
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "bench-100m"])
+    parser.add_argument("--preset", default="tiny", choices=list(get_args(PresetName)))
     parser.add_argument("--architecture", default="qwen2", choices=ARCHITECTURES)
     parser.add_argument("--untied", action="store_true", help="separate LM head (not tied)")
     parser.add_argument("--vocab", default="text", choices=["text", "arithmetic"])

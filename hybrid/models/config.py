@@ -1,8 +1,9 @@
 """`TinyModelConfig`: the typed, validated shape of a decoder model built locally.
 
-Owns the architecture family (Qwen2, Llama, Mistral, Qwen3), the sizes, the vocabulary choice,
-the checkpoint dtype and the named presets (`tiny` for tests and CPU runs, `bench-100m` for
-benchmarks). No torch or transformers import here.
+Owns the architecture family (Qwen2, Llama, Mistral, Qwen3, and the mixtures of experts
+Qwen3-MoE and Qwen2-MoE), the sizes, the vocabulary choice, the checkpoint dtype and the named
+presets (`tiny` for tests and CPU runs, `tiny-moe` its mixture-of-experts twin, `bench-100m`
+for benchmarks). No torch or transformers import here.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from typing import Any, Literal, get_args
 
 from hybrid.models.tokenizer import VOCAB_NAMES, VocabName
 
-Architecture = Literal["qwen2", "llama", "mistral", "qwen3"]
+Architecture = Literal["qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "qwen2_moe"]
 ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
+MOE_ARCHITECTURES: tuple[Architecture, ...] = ("qwen3_moe", "qwen2_moe")
 CheckpointDtype = Literal["bfloat16", "float32"]
-PresetName = Literal["tiny", "bench-100m"]
+PresetName = Literal["tiny", "tiny-moe", "bench-100m"]
 MIN_HEAD_DIM = 32
+MOE_SIZE_MULTIPLE = 32
+"""vLLM's CPU expert kernels take hidden and expert widths that are multiples of 32."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,10 @@ class TinyModelConfig:
     """Hugging Face family, each with its own defaults (hybrid/models/tiny.py `hf_config`):
     "qwen2" (Qwen2ForCausalLM: q/k/v biases), "llama" (LlamaForCausalLM: no biases), "mistral"
     (MistralForCausalLM: no biases, sliding window off), "qwen3" (Qwen3ForCausalLM: no
-    biases, RMS norms on q and k per head). All are SwiGLU + RoPE + RMSNorm with GQA."""
+    biases, RMS norms on q and k per head), and the mixtures of experts "qwen3_moe"
+    (Qwen3MoeForCausalLM: Qwen3's attention, routed SwiGLU experts) and "qwen2_moe"
+    (Qwen2MoeForCausalLM: Qwen2's attention, routed experts plus a gated shared expert).
+    All are SwiGLU + RoPE + RMSNorm with GQA."""
     hidden_size: int = 128
     """Width of the residual stream."""
     num_hidden_layers: int = 2
@@ -55,6 +62,14 @@ class TinyModelConfig:
     """Std of the normal init of every matrix (embeddings and linears); biases are 0, norms 1."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
+    num_experts: int = 4
+    """Routed experts per MoE layer (mixture-of-experts families only)."""
+    num_experts_per_tok: int = 2
+    """Experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 64
+    """Width of each expert's SwiGLU MLP (and of Qwen2-MoE's shared expert)."""
+    mlp_only_layers: tuple[int, ...] = (0,)
+    """Layers that keep a dense MLP (of `intermediate_size`) among the MoE layers."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,6 +114,38 @@ class TinyModelConfig:
             raise ValueError(f"initializer_range must be > 0, got {self.initializer_range!r}")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+        if self.is_moe:
+            self._check_experts()
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts family."""
+        return self.architecture in MOE_ARCHITECTURES
+
+    def _check_experts(self) -> None:
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must not exceed num_experts "
+                f"({self.num_experts})"
+            )
+        for name in ("hidden_size", "moe_intermediate_size"):
+            if getattr(self, name) % MOE_SIZE_MULTIPLE:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} must be a multiple of {MOE_SIZE_MULTIPLE} in a "
+                    "mixture of experts: vLLM's CPU expert kernels take no other width"
+                )
+        bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(
+                f"mlp_only_layers {list(self.mlp_only_layers)} names layers {bad} outside "
+                f"0..{self.num_hidden_layers - 1}"
+            )
+        if len(set(self.mlp_only_layers)) == self.num_hidden_layers:
+            raise ValueError("mlp_only_layers covers every layer: the model would have no experts")
 
     @property
     def head_dim(self) -> int:
@@ -110,9 +157,11 @@ class TinyModelConfig:
         """A named size, optionally with some fields overridden.
 
         - "tiny": the defaults (hidden 128, 2 layers, 2 heads, 1 KV head), ~0.3M parameters.
+        - "tiny-moe": the same shape as Qwen3-MoE, layer 0 dense, layer 1 with 4 experts of
+          width 64, top-2 (`architecture="qwen2_moe"` adds the shared expert).
         - "bench-100m": hidden 768, 12 layers, 12 heads (head_dim 64), 4 KV heads,
           MLP 3072, 2048 positions: ~104M parameters, for benchmarks.
-        Both are Qwen2 unless `architecture` is overridden.
+        "tiny" and "bench-100m" are Qwen2 unless `architecture` is overridden.
         """
         if name not in _PRESETS:
             raise ValueError(f"preset must be one of {tuple(_PRESETS)}, got {name!r}")
@@ -121,6 +170,7 @@ class TinyModelConfig:
 
 _PRESETS: dict[str, TinyModelConfig] = {
     "tiny": TinyModelConfig(),
+    "tiny-moe": TinyModelConfig(architecture="qwen3_moe"),
     "bench-100m": TinyModelConfig(
         hidden_size=768,
         num_hidden_layers=12,

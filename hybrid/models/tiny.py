@@ -2,8 +2,10 @@
 
 Owns `build_tiny_model`: a complete Hugging Face model directory that
 `AutoModelForCausalLM`, `AutoTokenizer` and vLLM load without network, for the families of
-`TinyModelConfig.architecture` (Qwen2, Llama, Mistral, Qwen3), each with its own defaults for
-attention biases and norms (`hf_config`); the tokenizer is the same for all. Weights are drawn
+`TinyModelConfig.architecture` (Qwen2, Llama, Mistral, Qwen3, Qwen3-MoE, Qwen2-MoE), each with
+its own defaults for attention biases and norms (`hf_config`); the tokenizer is the same for
+all. Mixtures of experts are written in the Hub's layout (one key per expert and projection),
+as released checkpoints are (hybrid.models.state_dict). Weights are drawn
 tensor by tensor from a private `torch.Generator` seeded with `seed` (the global RNG is never
 touched), in parameter-name order, in fp32 and then cast to the checkpoint dtype; no model is
 materialised (shapes come from a meta-device model), so the ~100M benchmark model builds in
@@ -27,10 +29,13 @@ from transformers import (
     MistralConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from hybrid.models.config import TinyModelConfig
+from hybrid.models.state_dict import adapter_for
 from hybrid.models.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
@@ -100,6 +105,8 @@ def hf_config(config: TinyModelConfig) -> PretrainedConfig:
             head_dim=config.head_dim,
             sliding_window=None,
         )
+    if config.is_moe:
+        return _moe_config(config, common)
     assert config.architecture == "qwen3", config.architecture
     return Qwen3Config(
         architectures=["Qwen3ForCausalLM"],
@@ -108,6 +115,37 @@ def hf_config(config: TinyModelConfig) -> PretrainedConfig:
         attention_bias=False,
         use_sliding_window=False,
         max_window_layers=config.num_hidden_layers,
+    )
+
+
+def _moe_config(config: TinyModelConfig, common: dict[str, Any]) -> PretrainedConfig:
+    """Qwen3-MoE or Qwen2-MoE: every layer routed but `mlp_only_layers`, top-k weights
+    renormalised, no auxiliary loss in the forward (RL runs set their own)."""
+    experts: dict[str, Any] = dict(
+        num_experts=config.num_experts,
+        num_experts_per_tok=config.num_experts_per_tok,
+        moe_intermediate_size=config.moe_intermediate_size,
+        mlp_only_layers=list(config.mlp_only_layers),
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        output_router_logits=False,
+        use_sliding_window=False,
+        max_window_layers=config.num_hidden_layers,
+    )
+    if config.architecture == "qwen3_moe":
+        return Qwen3MoeConfig(
+            architectures=["Qwen3MoeForCausalLM"],
+            **common,
+            **experts,
+            attention_bias=False,
+        )
+    assert config.architecture == "qwen2_moe", config.architecture
+    return Qwen2MoeConfig(
+        architectures=["Qwen2MoeForCausalLM"],
+        **common,
+        **experts,
+        shared_expert_intermediate_size=config.moe_intermediate_size,
+        qkv_bias=True,
     )
 
 
@@ -127,7 +165,8 @@ def count_parameters(config: TinyModelConfig) -> int:
 
 
 def init_state_dict(config: TinyModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Freshly initialised weights keyed by HF name, in the checkpoint dtype, on CPU."""
+    """Freshly initialised weights keyed by the module's names and in its layout (experts
+    stacked), in the checkpoint dtype, on CPU."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     dtype = _DTYPES[config.dtype]
     state: dict[str, torch.Tensor] = {}
@@ -160,7 +199,12 @@ def build_tiny_model(
         bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID
     )
     generation_config.save_pretrained(output_dir)
-    save_file(init_state_dict(config, seed), output_dir / WEIGHTS_NAME, metadata={"format": "pt"})
+    # The module's layout, written in the Hub's (per-expert keys for a mixture of experts).
+    state = init_state_dict(config, seed)
+    on_disk = {
+        name: t.contiguous() for name, t in adapter_for(model_config).to_checkpoint(state.items())
+    }
+    save_file(on_disk, output_dir / WEIGHTS_NAME, metadata={"format": "pt"})
     tokenizer = build_tokenizer(config.vocab, config.max_position_embeddings)
     # vLLM refuses a tokenizer larger than the embedding; ours are built to be equal.
     assert len(tokenizer) == model_config.vocab_size

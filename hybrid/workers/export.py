@@ -2,8 +2,9 @@
 (transformers and vLLM load the actor's; transformers' token-classification class the critic's).
 
 Every rank takes part in gathering the full state dict (offloaded to CPU); rank 0 writes
-bf16 safetensors next to copies of the source model's config and tokenizer files. A LoRA
-actor exports its merged weights through `write_hf_model` (the gathering is the sync's).
+bf16 safetensors next to copies of the source model's config and tokenizer files, in the Hub's
+layout (the family's state-dict adapter: a mixture of experts gets one key per expert again).
+A LoRA actor exports its merged weights through `write_hf_model` (the gathering is the sync's).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
+
+from hybrid.models.state_dict import adapter_for
 
 _COPIED = (
     "config.json",
@@ -52,13 +55,18 @@ def write_hf_model(
     target_dir: str | Path,
     config: PretrainedConfig | None = None,
 ) -> Path:
-    """Rank 0 writes `tensors` (Hugging Face names) as bf16 safetensors beside the source's
-    config and tokenizer files; every rank waits for it. `config` replaces the source's
-    config.json (a critic: the decoder's config with its value-head class)."""
+    """Rank 0 writes `tensors` (the module's Hugging Face names and layout) as bf16
+    safetensors in the checkpoint layout, beside the source's config and tokenizer files;
+    every rank waits for it. `config` replaces the source's config.json (a critic: the
+    decoder's config with its value-head class)."""
     target = Path(target_dir)
     if not dist.is_initialized() or dist.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
-        weights = {name: t.to(torch.bfloat16).contiguous().cpu() for name, t in tensors.items()}
+        adapter = adapter_for(config or AutoConfig.from_pretrained(source_dir))
+        weights = {
+            name: t.to(torch.bfloat16).contiguous().cpu()
+            for name, t in adapter.to_checkpoint(tensors.items())
+        }
         save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
         for name in _COPIED:
             if (Path(source_dir) / name).exists():

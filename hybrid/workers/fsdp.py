@@ -12,7 +12,9 @@ ever materialises the whole model in fp32 more than once:
 3. `to_empty` allocates only this rank's shards, then tied embeddings are re-tied and the
    non-persistent RoPE buffers (which `to_empty` leaves as uninitialised memory) recomputed;
 4. rank 0 alone reads the safetensors files and `set_model_state_dict(...,
-   broadcast_from_rank0=True)` streams them tensor by tensor to every rank's shards.
+   broadcast_from_rank0=True)` streams them tensor by tensor to every rank's shards; the
+   family's state-dict adapter (hybrid.models.state_dict) builds the module's tensors from
+   the checkpoint's (a Hub mixture of experts: per-expert keys stacked per layer).
 
 Every rank validates the checkpoint's key set from the safetensors headers (metadata only)
 before any collective, so a bad checkpoint raises the same error everywhere instead of
@@ -37,6 +39,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from hybrid.models.state_dict import StateDictAdapter, adapter_for, num_experts
 from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
 from hybrid.workers.attention import AttnChoice, flash_attn_installed, resolve_attn_implementation
@@ -49,6 +52,8 @@ _LM_HEAD_KEY = "lm_head.weight"
 VALUE_HEAD_KEYS = frozenset({"score.weight", "score.bias"})
 """The value head of a critic (transformers' token-classification head with one label)."""
 VALUE_HEAD_SEED = 0
+EXPERTS_KERNEL = "grouped_mm"
+"""transformers' experts implementation for mixture-of-experts models."""
 
 
 def build_fsdp_model(
@@ -96,8 +101,13 @@ def build_fsdp_model(
         model_class = AutoModelForTokenClassification
         config.num_labels = 1
         config.classifier_dropout = 0.0  # values regress returns: no dropout noise
+    kernels: dict[str, str] = {"attn_implementation": kernel}
+    if num_experts(config):
+        # One grouped GEMM per projection for all experts (torch has it on CPU too), not a
+        # Python loop over the experts.
+        kernels["experts_implementation"] = EXPERTS_KERNEL
     with torch.device("meta"):
-        model = model_class.from_config(config, attn_implementation=kernel, dtype=master_dtype)
+        model = model_class.from_config(config, dtype=master_dtype, **kernels)
     tied = not value_head and bool(getattr(model.config, "tie_word_embeddings", False))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -130,7 +140,12 @@ def build_fsdp_model(
         assert isinstance(embed.weight, DTensor), "tied embedding is not sharded"
     _init_rope_buffers(model, device)
     _load_weights(
-        model, files, tied=tied, lora_seed=0 if with_lora else None, value_head=value_head
+        model,
+        files,
+        adapter_for(config),
+        tied=tied,
+        lora_seed=0 if with_lora else None,
+        value_head=value_head,
     )
     return model
 
@@ -212,6 +227,7 @@ def _init_rope_buffers(model: nn.Module, device: torch.device) -> None:
 def _load_weights(
     model: nn.Module,
     files: list[Path],
+    adapter: StateDictAdapter,
     *,
     tied: bool,
     lora_seed: int | None = None,
@@ -219,14 +235,17 @@ def _load_weights(
 ) -> None:
     """Rank 0 reads `files`; `set_model_state_dict` broadcasts them into every rank's shards.
 
-    For a peft model the checkpoint's Hugging Face names are mapped to the model's, and the
+    `adapter` plans which checkpoint tensors build each of the module's (the identity for
+    dense families). For a peft model the Hugging Face names are mapped to the model's, and the
     adapters (not in the checkpoint) get their initial values from `lora_seed`. A critic
     (`value_head`) skips a causal LM's head and initialises its value head unless the
     checkpoint has one."""
-    checkpoint_keys: set[str] = set()
+    stored: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            checkpoint_keys.update(f.keys())
+            stored.update(f.keys())
+    plan = adapter.plan(stored)  # module key (Hugging Face name) -> checkpoint keys
+    checkpoint_keys = set(plan)
     if value_head:
         checkpoint_keys.discard(_LM_HEAD_KEY)  # the policy's head: the critic has its own
     new_value_head = value_head and not VALUE_HEAD_KEYS.issubset(checkpoint_keys)
@@ -249,11 +268,16 @@ def _load_weights(
 
     full_sd: dict[str, Any] = {}
     if not dist.is_initialized() or dist.get_rank() == 0:
+        wanted = {stored_key for key in checkpoint_keys for stored_key in plan[key]}
+        read: dict[str, torch.Tensor] = {}
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                    if key in checkpoint_keys:
-                        full_sd[names[key]] = f.get_tensor(key).to(state[names[key]].dtype)
+                    if key in wanted:
+                        read[key] = f.get_tensor(key)
+        for key in checkpoint_keys:
+            tensor = adapter.combine(key, [read.pop(stored_key) for stored_key in plan[key]])
+            full_sd[names[key]] = tensor.to(state[names[key]].dtype)
         if alias_head:
             # The same tensor under the tied name: the head is loaded from the embedding.
             full_sd[names[_LM_HEAD_KEY]] = full_sd[names[_EMBED_KEY]]

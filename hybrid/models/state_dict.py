@@ -1,0 +1,149 @@
+"""State-dict adapters: how one model family names and lays out its tensors in memory (the
+module) and on disk (the Hub checkpoint).
+
+transformers 5 holds a mixture-of-experts layer's experts as two stacked 3-D parameters,
+`mlp.experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
+`mlp.experts.down_proj` [E, H, I], while Hub checkpoints keep one key per expert and projection
+(`mlp.experts.3.gate_proj.weight` [I, H], `.up_proj.weight`, `.down_proj.weight` [H, I]).
+`from_pretrained` converts on load and `save_pretrained` back; we load and export ourselves
+(FSDP2's rank-0 broadcast, our own export), so every crossing of that boundary asks the
+family's adapter:
+  - `plan(checkpoint_keys)`: which checkpoint tensors build each module tensor (the load's key
+    check and its reads);
+  - `combine(module_key, tensors)`: the module tensor from them;
+  - `to_checkpoint(named_tensors)`: module tensors back in checkpoint layout (the HF export).
+Dense families are the identity. vLLM 0.32 takes the stacked expert tensors under their module
+names, so the weight sync streams the module's layout.
+
+A checkpoint already in module layout (saved with `save_original_format=False`) plans as the
+identity too: only per-expert keys are stacked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+NamedTensor = tuple[str, torch.Tensor]
+
+DENSE_FAMILIES = ("qwen2", "llama", "mistral", "qwen3")
+"""Model types whose module and checkpoint layouts are the same (tested here)."""
+STACKED_EXPERT_FAMILIES = ("qwen3_moe", "qwen2_moe")
+"""Mixture-of-experts model types whose experts the module stacks (transformers' qwen2_moe
+conversion rule); Qwen2-MoE adds a shared expert, a plain MLP under its own names."""
+
+_EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_PER_EXPERT = re.compile(
+    r"^(?P<experts>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+_GATE_UP, _DOWN = ".gate_up_proj", ".down_proj"
+
+
+class StateDictAdapter:
+    """The identity: module and checkpoint share names and shapes (the dense families)."""
+
+    family = "dense"
+
+    def plan(self, checkpoint_keys: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Module key -> the checkpoint keys it is built from, in the order `combine` takes."""
+        return {key: (key,) for key in checkpoint_keys}
+
+    def combine(self, module_key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The module tensor `module_key` from its planned checkpoint tensors."""
+        (tensor,) = tensors
+        return tensor
+
+    def to_checkpoint(self, named: Iterable[NamedTensor]) -> Iterator[NamedTensor]:
+        """Module tensors renamed and re-laid out as the checkpoint holds them (views where
+        the layout allows: nothing is copied here)."""
+        yield from named
+
+
+class StackedExperts(StateDictAdapter):
+    """Per-expert projections in the checkpoint, stacked per layer in the module."""
+
+    family = "stacked experts"
+
+    def plan(self, checkpoint_keys: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        plan: dict[str, tuple[str, ...]] = {}
+        # experts prefix -> projection -> expert id -> checkpoint key
+        found: dict[str, dict[str, dict[int, str]]] = defaultdict(lambda: defaultdict(dict))
+        for key in checkpoint_keys:
+            match = _PER_EXPERT.match(key)
+            if match is None:
+                plan[key] = (key,)
+            else:
+                found[match["experts"]][match["proj"]][int(match["expert"])] = key
+        for prefix, projections in sorted(found.items()):
+            count = _expert_count(prefix, projections)
+            gate, up, down = (projections[p] for p in ("gate_proj", "up_proj", "down_proj"))
+            plan[prefix + _GATE_UP] = tuple(k for e in range(count) for k in (gate[e], up[e]))
+            plan[prefix + _DOWN] = tuple(down[e] for e in range(count))
+        return plan
+
+    def combine(self, module_key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        per_expert = all(t.dim() == 2 for t in tensors)  # else already stacked
+        if module_key.endswith(".experts" + _GATE_UP) and per_expert:
+            pairs = zip(tensors[0::2], tensors[1::2], strict=True)
+            return torch.stack([torch.cat([gate, up], dim=0) for gate, up in pairs])
+        if module_key.endswith(".experts" + _DOWN) and per_expert:
+            return torch.stack(tensors)
+        return super().combine(module_key, tensors)
+
+    def to_checkpoint(self, named: Iterable[NamedTensor]) -> Iterator[NamedTensor]:
+        for key, tensor in named:
+            if key.endswith(".experts" + _GATE_UP) and tensor.dim() == 3:
+                prefix = key.removesuffix(_GATE_UP)
+                gate, up = tensor.chunk(2, dim=1)
+                for expert in range(tensor.shape[0]):
+                    yield f"{prefix}.{expert}.gate_proj.weight", gate[expert]
+                    yield f"{prefix}.{expert}.up_proj.weight", up[expert]
+            elif key.endswith(".experts" + _DOWN) and tensor.dim() == 3:
+                prefix = key.removesuffix(_DOWN)
+                for expert in range(tensor.shape[0]):
+                    yield f"{prefix}.{expert}.down_proj.weight", tensor[expert]
+            else:
+                yield key, tensor
+
+
+def _expert_count(prefix: str, projections: dict[str, dict[int, str]]) -> int:
+    """E, when every projection has experts 0..E-1; else a ValueError naming what is missing."""
+    ids = {proj: set(projections.get(proj, {})) for proj in ("gate_proj", "up_proj", "down_proj")}
+    count = max(max(found, default=-1) for found in ids.values()) + 1
+    for proj, found in ids.items():
+        missing = sorted(set(range(count)) - found)
+        if missing:
+            raise ValueError(
+                f"checkpoint has experts 0..{count - 1} under {prefix!r} but no {proj} for "
+                f"expert(s) {missing[:8]}"
+            )
+    return count
+
+
+def num_experts(config: Any) -> int:
+    """Routed experts per MoE layer of a transformers config (0: a dense model)."""
+    for field in _EXPERT_COUNT_FIELDS:
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def adapter_for(config: Any) -> StateDictAdapter:
+    """The adapter of the family `config` (a transformers config) belongs to. A dense model of a
+    family not listed here is taken as the identity (the load's key check still guards it); a
+    mixture of experts without an adapter is refused, naming its model type."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in STACKED_EXPERT_FAMILIES:
+        return StackedExperts()
+    if num_experts(config):
+        raise ValueError(
+            f"model type {model_type!r} is a mixture of experts, and hybrid has no state-dict "
+            f"adapter for its expert layout; supported mixture-of-experts families: "
+            f"{', '.join(STACKED_EXPERT_FAMILIES)}"
+        )
+    return StateDictAdapter()

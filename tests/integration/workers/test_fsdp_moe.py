@@ -1,0 +1,129 @@
+"""Mixtures of experts on 2 FSDP2 gloo ranks (no Ray): a Hub checkpoint (one key per expert)
+loads into the module's stacked experts, the sharded forward equals a single-process
+transformers forward in fp32, a training step reaches every expert and the router, and the
+export is in the Hub's layout again and loads in transformers.
+
+One spawned run for both families (Qwen3-MoE, and Qwen2-MoE with its shared expert); process
+start-up dominates, as in test_fsdp.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch.distributed.device_mesh import DeviceMesh
+from transformers import AutoModelForCausalLM
+
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.models.config import MOE_ARCHITECTURES
+from hybrid.workers.export import export_hf_model
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
+from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB, _spawn
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+LOGPROB_ATOL = 1e-5  # fp32 on both sides: the sharded forward is the same arithmetic
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+def _token_log_probs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(ids).logits.float()[:, :-1]
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def _check_family(rank: int, mesh: DeviceMesh, model_dir: Path, export_dir: Path) -> dict:
+    fp32 = torch.float32
+    model = build_fsdp_model(str(model_dir), mesh, CPU, param_dtype=fp32, reduce_dtype=fp32)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=fp32).eval()
+    ids = _ids()
+    with torch.no_grad():
+        diff = (_token_log_probs(model, ids) - _token_log_probs(hf, ids)).abs().max().item()
+    experts = model.model.layers[1].mlp.experts
+    # One step: the loss reaches every expert some token was routed to, and the router.
+    optimizer = build_optimizer(model, **OPTIM_KWARGS)
+    logits = model(ids).logits.float()
+    F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+    grads = {
+        name: p.grad.full_tensor().abs().sum().item()
+        for name, p in model.named_parameters()
+        if "layers.1.mlp" in name
+    }
+    clip_and_step(model, optimizer, 1.0)
+    exported = export_hf_model(model, model_dir, export_dir)
+    full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    return {
+        "logprob_diff": diff,
+        "experts_impl": experts.config._experts_implementation,
+        "gate_up_shape": tuple(experts.gate_up_proj.shape),
+        "grads": grads,
+        "exported": exported,
+        "params_after_step": full,
+    }
+
+
+def _moe_run(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], out: Path) -> dict[str, Any]:
+    return {name: _check_family(rank, mesh, d, out / f"export_{name}") for name, d in dirs.items()}
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict]:
+    root = tmp_path_factory.mktemp("moe")
+    dirs = {
+        name: build_tiny_model(
+            root / name, TinyModelConfig.preset("tiny-moe", architecture=name, dtype="float32")
+        )
+        for name in MOE_ARCHITECTURES
+    }
+    return _spawn(_moe_run, root / "run", dirs, root), dirs
+
+
+@pytest.mark.parametrize("family", MOE_ARCHITECTURES)
+def test_a_hub_checkpoint_loads_sharded_and_computes_as_transformers(
+    moe_run: tuple[list[dict[str, Any]], dict], family: str
+) -> None:
+    results, _ = moe_run
+    for result in results:
+        checked = result[family]
+        assert checked["gate_up_shape"] == (4, 128, 128)  # [E, 2I, H], stacked in the module
+        assert checked["experts_impl"] == "grouped_mm"
+        print(f"{family}: sharded vs transformers log-prob diff {checked['logprob_diff']:.2e}")
+        assert checked["logprob_diff"] < LOGPROB_ATOL, checked["logprob_diff"]
+
+
+@pytest.mark.parametrize("family", MOE_ARCHITECTURES)
+def test_a_step_reaches_the_experts_and_the_router(
+    moe_run: tuple[list[dict[str, Any]], dict], family: str
+) -> None:
+    grads = moe_run[0][0][family]["grads"]
+    assert grads["model.layers.1.mlp.gate.weight"] > 0  # the router learns
+    assert grads["model.layers.1.mlp.experts.gate_up_proj"] > 0
+    assert grads["model.layers.1.mlp.experts.down_proj"] > 0
+    if family == "qwen2_moe":
+        assert grads["model.layers.1.mlp.shared_expert.up_proj.weight"] > 0
+        assert grads["model.layers.1.mlp.shared_expert_gate.weight"] > 0
+
+
+@pytest.mark.parametrize("family", MOE_ARCHITECTURES)
+def test_the_export_is_in_hub_layout_and_loads_in_transformers(
+    moe_run: tuple[list[dict[str, Any]], dict], family: str
+) -> None:
+    results, dirs = moe_run
+    exported = Path(results[0][family]["exported"])
+    with safe_open(str(exported / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    with safe_open(str(dirs[family] / "model.safetensors"), framework="pt") as f:
+        assert keys == set(f.keys())  # per-expert keys, as the source checkpoint
+    loaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    trained = results[0][family]["params_after_step"]
+    state = loaded.state_dict()
+    for name, tensor in trained.items():
+        # The export is bf16: the trained fp32 weights rounded once.
+        assert torch.equal(state[name], tensor.to(torch.bfloat16).float()), name
