@@ -34,7 +34,9 @@ typecheck: $(STAMP)
 # run waits on process starts and on its own workers for a good share of its wall time, which
 # the other worker fills, and the unit tier's small files fill the end. A test file stays on
 # one worker (`--dist loadfile`): its module fixtures (a built model, a shared run) are made
-# once. mypy runs beside it.
+# once. xdist sends the files with the most tests first (the unit tier's): measured, that is
+# faster here than collection order (integration first), 548-590 s against 666 s of pytest.
+# mypy runs beside it.
 XDIST := -n 2 --dist loadfile
 
 test: lint

@@ -28,15 +28,10 @@ from typing import Any
 
 import torch
 
+from hybrid.model_families import STACKED_EXPERT_FAMILIES, check_family, model_type
+
 NamedTensor = tuple[str, torch.Tensor]
 
-DENSE_FAMILIES = ("qwen2", "llama", "mistral", "qwen3")
-"""Model types whose module and checkpoint layouts are the same (tested here)."""
-STACKED_EXPERT_FAMILIES = ("qwen3_moe", "qwen2_moe")
-"""Mixture-of-experts model types whose experts the module stacks (transformers' qwen2_moe
-conversion rule); Qwen2-MoE adds a shared expert, a plain MLP under its own names."""
-
-_EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _PER_EXPERT = re.compile(
     r"^(?P<experts>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
 )
@@ -124,26 +119,11 @@ def _expert_count(prefix: str, projections: dict[str, dict[int, str]]) -> int:
     return count
 
 
-def num_experts(config: Any) -> int:
-    """Routed experts per MoE layer of a transformers config (0: a dense model)."""
-    for field in _EXPERT_COUNT_FIELDS:
-        value = getattr(config, field, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
-
-
 def adapter_for(config: Any) -> StateDictAdapter:
     """The adapter of the family `config` (a transformers config) belongs to. A dense model of a
     family not listed here is taken as the identity (the load's key check still guards it); a
     mixture of experts without an adapter is refused, naming its model type."""
-    model_type = getattr(config, "model_type", None)
-    if model_type in STACKED_EXPERT_FAMILIES:
+    check_family(config, "model")
+    if model_type(config) in STACKED_EXPERT_FAMILIES:
         return StackedExperts()
-    if num_experts(config):
-        raise ValueError(
-            f"model type {model_type!r} is a mixture of experts, and hybrid has no state-dict "
-            f"adapter for its expert layout; supported mixture-of-experts families: "
-            f"{', '.join(STACKED_EXPERT_FAMILIES)}"
-        )
     return StateDictAdapter()

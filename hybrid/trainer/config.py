@@ -12,10 +12,12 @@ node, which the YAML in configs/ only overrides.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from hybrid.model_families import check_family
 from hybrid.rewards.judge import load_template
 from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rewards.overlong import OverlongBufferConfig
@@ -839,6 +841,12 @@ def check_model_dir(field_name: str, path: str) -> None:
             f"{field_name}: {path} has no config.json, so it is no Hugging Face model directory "
             f"(it holds {listed or 'nothing'})"
         )
+    config_file = directory / "config.json"
+    try:
+        model_config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{field_name}: {config_file} is not valid JSON ({e})") from None
+    check_family(model_config, f"{field_name} ({config_file})")
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
             f"{field_name}: {path} has no tokenizer files (one of {list(TOKENIZER_FILES)}); "

@@ -39,7 +39,8 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from hybrid.models.state_dict import StateDictAdapter, adapter_for, num_experts
+from hybrid.model_families import num_experts
+from hybrid.models.state_dict import StateDictAdapter, adapter_for
 from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
 from hybrid.workers.attention import AttnChoice, flash_attn_installed, resolve_attn_implementation

@@ -26,6 +26,26 @@ def test_an_empty_model_directory_is_named(tmp_path: Path) -> None:
     check_model_dir("model.path", str(model))
 
 
+def test_a_mixture_of_experts_without_an_adapter_is_named_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    (model / "config.json").write_text('{"model_type": "mixtral", "num_local_experts": 8}')
+    with pytest.raises(
+        ValueError,
+        match=r"model\.path \(.*config\.json\): model type 'mixtral' is a mixture of experts.*"
+        r"qwen3_moe, qwen2_moe",
+    ):
+        check_model_dir("model.path", str(model))
+    (model / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 8}')
+    check_model_dir("model.path", str(model))
+    (model / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"model\.path: .*config\.json is not valid JSON"):
+        check_model_dir("model.path", str(model))
+
+
 def test_a_missing_local_path_is_named_and_a_hub_id_is_left_alone(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"critic\.model\.path: .*/nope does not exist"):
         check_model_dir("critic.model.path", str(tmp_path / "nope"))
