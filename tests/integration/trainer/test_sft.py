@@ -84,8 +84,10 @@ def test_rl_starts_from_the_sft_weights_and_resumes_across_the_boundary(
     assert (checkpoint_dir(sft_dir(whole), SFT_STEPS) / "manifest.json").is_file()
     rl_rows = read_metrics(whole)
     assert [row["step"] for row in rl_rows] == [0, 1]
-    # The validation before RL sees the SFT weights (the base model answers none: 0.0).
-    assert rl_rows[0]["val/reward_mean"] >= 0.5
+    # The validation before RL sees the SFT weights: the base model answers none of the 8
+    # prompts (0.0, test_sft_lifts_the_first_validation_on_vllm), the SFT model 3 or more. How
+    # many more depends on the CPU's dtype (3 in float32 on an AVX2-only CPU, 4-5 in bf16).
+    assert rl_rows[0]["val/reward_mean"] >= 0.25
     assert rl_rows[1]["actor/lr"] == 1e-3  # the small config's actor.optim.lr, back after SFT
     # The reference became the SFT model: the first update's KL (before its optimizer step, on
     # the same weights) is nil, where the model before SFT would be far from it.
