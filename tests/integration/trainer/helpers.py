@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from hybrid.data import write_rows
@@ -14,6 +16,10 @@ from hybrid.trainer.config import TrainerRunConfig
 
 # Metrics that differ between runs by nature (wall time, memory); the rest repeat exactly.
 UNREPEATABLE = ("timing_s/", "perf/", "memory/")
+ONE_WORKER = ("trainer.num_workers=1",)
+"""For colocated toy-engine runs that vary driver or objective logic: one worker process
+instead of two (each costs about 13 s of CPU to start, most of it imports). The two-rank
+FSDP and sync paths run in every real-engine test."""
 
 
 def write_assets(root: Path) -> Path:
@@ -89,6 +95,23 @@ def child_env() -> dict[str, str]:
     }
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
+
+
+def run_entry_point(
+    cwd: Path, *overrides: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """`python -m hybrid.main overrides...` in `cwd`, as a user runs it from a checkout (its
+    own Ray cluster and vLLM)."""
+    env = child_env()
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid.main", *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.integration.trainer.helpers import read_metrics
-from tests.integration.trainer.test_first_run import run_entry_point
+from tests.integration.trainer.helpers import read_metrics, run_entry_point
 
 pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(900)]
 

@@ -20,6 +20,7 @@ import pytest
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import (
+    ONE_WORKER,
     config_from_overrides,
     read_metrics,
     small_run_overrides,
@@ -113,9 +114,11 @@ def test_the_student_as_its_own_teacher_has_no_reverse_kl(
     ray_cluster: None, assets: Path, tmp_path: Path, engine: str
 ) -> None:
     peaky = assets / "teacher"  # far from uniform: a misplaced log-prob would stand out
+    workers = ONE_WORKER if engine == "toy" else ()
     metrics = distill_run(
-        assets, tmp_path / engine, peaky, f"rollout.engine={engine}", *FP32, student=peaky
-    )
+        assets, tmp_path / engine, peaky, f"rollout.engine={engine}", *FP32, *workers,
+        student=peaky,
+    )  # fmt: skip
     # Step 1 samples with the starting weights, which the teacher keeps; later steps sample
     # with updated ones.
     first = metrics[0]

@@ -28,26 +28,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TOY = ("rollout.engine=toy",)
 STEPS = 3
-# (sync.method, sync.style, sync.offset): every transport under each style. By default the
-# checkpoint transport under the explorer's schedule (about 10 s a run, most of it starting the
-# workers); the memory transport runs by default in the every-mode metrics run below, nccl on
-# vLLM (test_split.py's on-policy run across two nodes).
-DEFAULT_CELLS = [("checkpoint", "dynamic_by_explorer", 0)]
+# (sync.method, sync.style, sync.offset): every transport under each style, each cell about
+# 10 s of starting workers. By default the checkpoint transport under the explorer's schedule
+# runs as the split run of the every-mode metrics test below, the memory transport as its
+# fully-async run, and nccl on vLLM (test_split.py's on-policy run across two nodes).
+DEFAULT_SPLIT_CELL = ("checkpoint", "dynamic_by_explorer", 0)
 SPLIT_CELLS = [
-    *DEFAULT_CELLS,
-    *(
-        pytest.param(*cell, marks=pytest.mark.full)
-        for cell in [
-            ("memory", "fixed", 1),
-            ("checkpoint", "fixed", 0),
-            ("nccl", "dynamic_by_explorer", 0),
-            ("memory", "fixed", 0),
-            ("nccl", "fixed", 0),
-            ("checkpoint", "fixed", 1),
-            ("nccl", "fixed", 1),
-            ("memory", "dynamic_by_explorer", 0),
-        ]
-    ),
+    pytest.param(*cell, marks=pytest.mark.full)
+    for cell in [
+        DEFAULT_SPLIT_CELL,
+        ("memory", "fixed", 1),
+        ("checkpoint", "fixed", 0),
+        ("nccl", "dynamic_by_explorer", 0),
+        ("memory", "fixed", 0),
+        ("nccl", "fixed", 0),
+        ("checkpoint", "fixed", 1),
+        ("nccl", "fixed", 1),
+        ("memory", "dynamic_by_explorer", 0),
+    ]
 ]
 
 
@@ -61,11 +59,8 @@ def fit(assets: Path, out: Path, *extra: str) -> list[dict]:
     return read_metrics(out)
 
 
-def split_run(assets: Path, out: Path, method: str, style: str, offset: int, *extra: str) -> None:
-    fit(
-        assets,
-        out,
-        f"trainer.total_steps={STEPS}",
+def split_overrides(out: Path, method: str, style: str, offset: int) -> tuple[str, ...]:
+    return (
         "trainer.mode=split",
         "sync.timeout_s=60",
         "sync.verify_checksum=true",
@@ -73,6 +68,15 @@ def split_run(assets: Path, out: Path, method: str, style: str, offset: int, *ex
         f"sync.method={method}",
         f"sync.style={style}",
         f"sync.offset={offset}",
+    )
+
+
+def split_run(assets: Path, out: Path, method: str, style: str, offset: int, *extra: str) -> None:
+    fit(
+        assets,
+        out,
+        f"trainer.total_steps={STEPS}",
+        *split_overrides(out, method, style, offset),
         *extra,
     )
 
@@ -150,23 +154,28 @@ def test_every_mode_reports_the_same_step_metrics(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
     """One config, three modes: the train step's keys are the same set in each; what differs
-    is only each mode's own rollout and sync figures."""
-    base = (
-        "trainer.total_steps=2",
-        "algorithm.skip_old_log_prob=false",
-        "sync.method=memory",
-        # fully_async: two updates per published version, whose metrics one step merges.
-        "fully_async.trigger_parameter_sync_step=2",
-    )
+    is only each mode's own rollout and sync figures. The split run is the default split cell
+    (the checkpoint transport under the explorer's schedule, checked as test_split_cell checks
+    every cell); the fully-async run syncs over memory; colocated runs on one worker."""
+    steps = 2
+    base = (f"trainer.total_steps={steps}", "algorithm.skip_old_log_prob=false")
+    split_out = tmp_path / "split"
+    mode_overrides = {
+        "colocated": ("trainer.num_workers=1",),
+        "split": split_overrides(split_out, *DEFAULT_SPLIT_CELL),
+        # Two updates per published version, whose metrics one step merges.
+        "fully_async": ("sync.method=memory", "fully_async.trigger_parameter_sync_step=2"),
+    }
     shared_step_keys = set()
     for mode, extras in MODE_EXTRAS.items():
-        metrics = fit(assets, tmp_path / mode, *base, f"trainer.mode={mode}")
+        metrics = fit(assets, tmp_path / mode, *base, f"trainer.mode={mode}", *mode_overrides[mode])
         keys = set(metrics[-1])
         assert keys >= STEP_KEYS | SOURCE_KEYS | PUBLISHER_KEYS, mode
         step_keys = {k for k in keys if not k.startswith(extras)} | (STEP_KEYS & keys)
         if shared_step_keys:
             assert step_keys == shared_step_keys, (mode, step_keys ^ shared_step_keys)
         shared_step_keys = step_keys
+    check_run(split_out, *DEFAULT_SPLIT_CELL, steps=steps)
 
 
 # (max_version_lag, staleness_threshold, sync.method, chunk_tokens, response_length)

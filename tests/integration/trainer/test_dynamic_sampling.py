@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.trainer.loop import Driver
-from tests.integration.trainer.helpers import read_metrics, small_config, write_assets
+from tests.integration.trainer.helpers import ONE_WORKER, read_metrics, small_config, write_assets
 from tests.integration.trainer.test_fully_async import check_accounting
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -32,7 +32,7 @@ FILTER = (
     "sync.method=memory",
 )
 MODES = {
-    "colocated": (),
+    "colocated": ONE_WORKER,
     "split": ("trainer.mode=split",),
     "fully_async": ("trainer.mode=fully_async", "sync.timeout_s=120"),
 }

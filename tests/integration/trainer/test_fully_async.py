@@ -46,7 +46,7 @@ def run_async(assets: Path, out: Path, steps: int, *extra: str) -> tuple[list[di
         f"sync.checkpoint_dir={out / 'weights'}",
         *extra,
     )
-    # In-process on the session's Ray cluster: the entry point is test_first_run.py's.
+    # In-process on the session's Ray cluster: the entry point is test_grpo_e2e.py's first run.
     Driver(config_from_overrides(args)).fit()
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))

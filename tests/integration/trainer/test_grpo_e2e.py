@@ -1,5 +1,7 @@
-"""GRPO end to end on 2 CPU workers and the tiny model: metrics, export, exact resume, and
-bad inputs that must fail before any worker starts, and the memory report of a run."""
+"""GRPO end to end on 2 CPU workers and the tiny model: the README's first command on a fresh
+checkout (`python -m hybrid.main` from a working directory where nothing exists builds the demo
+model and data, trains three steps, keeps the newest checkpoints), its metrics, export and
+memory report; exact resume; bad inputs that must fail before any worker starts."""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.memory.records import STEADY_PHASES, read_records, step_phases
+from hybrid.trainer.checkpoints import complete_checkpoints
+from hybrid.trainer.demo_assets import DEMO_MODEL_PATH, DEMO_TRAIN_FILE, DEMO_VAL_FILE
 from hybrid.trainer.loop import Driver
 from profiling import memory_report
 from tests.integration.trainer.helpers import (
@@ -20,6 +25,7 @@ from tests.integration.trainer.helpers import (
     child_env,
     make_config,
     read_metrics,
+    run_entry_point,
     write_assets,
 )
 
@@ -41,6 +47,23 @@ REQUIRED = (
     "actor/grad_norm", "response_length/mean", "rollout/logprob_diff_max", "timing_s/step",
     "timing_s/gen", "timing_s/sync", "timing_s/update_actor", "perf/throughput",
 )  # fmt: skip
+# The demo's config at small sizes: 2 mini-batches a step and the KL loss on, so that every
+# phase of a step is recorded; a checkpoint after each step, the newest two kept.
+FIRST_RUN = (
+    "trainer.total_steps=3",
+    "trainer.save_freq=1",
+    "trainer.max_checkpoints_to_keep=2",
+    "trainer.output_dir=run",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=3",
+    "trainer.loggers=[jsonl]",
+    "data.train_batch_size=4",
+    "algorithm.ppo_mini_batch_size=2",
+    "rollout.n=4",
+    "actor.micro_batch_size=2",
+    "actor.use_kl_loss=true",
+    "actor.entropy_coeff=0.01",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,21 +72,39 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def three_step_run(
-    ray_cluster: None, assets: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """One 3-step run (KL loss on: every phase of a step is recorded), shared by the tests
-    that read its output directory."""
-    out = tmp_path_factory.mktemp("three_steps") / "run"
-    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.test_freq=3")).fit()
-    return out
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The entry point in an empty working directory (its own Ray cluster and vLLM), shared by
+    the tests that read its output: (the working directory, the finished process)."""
+    cwd = tmp_path_factory.mktemp("first_run")
+    done = run_entry_point(cwd, *FIRST_RUN, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return cwd, done
 
 
-def test_three_steps_write_metrics_and_a_loadable_model(three_step_run: Path) -> None:
-    out = three_step_run
+def test_the_entry_point_builds_the_demo_and_trains_from_nothing(first_run: tuple) -> None:
+    cwd, done = first_run
+    built = [line for line in done.stdout.splitlines() if "built the demo inputs" in line]
+    assert len(built) == 1, done.stdout
+    for path in (DEMO_MODEL_PATH, DEMO_TRAIN_FILE, DEMO_VAL_FILE):
+        assert path in built[0]
+        assert (cwd / path).exists(), path
+    assert (cwd / DEMO_MODEL_PATH / "config.json").is_file()
+    assert "3 steps in" in done.stdout  # the entry point's summary line
+
+    run = cwd / "run"
+    assert json.loads((run / "config.json").read_text())["trainer"]["max_checkpoints_to_keep"] == 2
+    # Saved at steps 1, 2, 3 with a limit of 2: step_1 went once step_3 was complete.
+    assert [step for step, _ in complete_checkpoints(run)] == [2, 3]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_3"]
+
+
+def test_three_steps_write_metrics_and_a_loadable_model(first_run: tuple) -> None:
+    cwd, _ = first_run
+    out = cwd / "run"
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert metrics[2]["val/num_prompts"] == 8.0  # greedy validation over every held-out prompt
+    # Greedy validation over every held-out prompt.
+    assert metrics[2]["val/num_prompts"] == pq.read_metadata(cwd / DEMO_VAL_FILE).num_rows
     assert 0.0 <= metrics[2]["val/reward_mean"] <= 1.0
     for row in metrics:
         missing = [key for key in REQUIRED if key not in row]
@@ -86,13 +127,12 @@ def test_three_steps_write_metrics_and_a_loadable_model(three_step_run: Path) ->
     )
     assert child.returncode == 0, child.stderr[-2000:]
     assert "generated" in child.stdout
-    assert (out / "checkpoints" / "step_3").is_dir()
 
 
-def test_the_memory_report_accounts_for_the_steady_states(three_step_run: Path) -> None:
+def test_the_memory_report_accounts_for_the_steady_states(first_run: tuple) -> None:
     """memory.jsonl -> memory_report.md + memory_timeline.png; the components found on the
     objects add up to the measured RSS of both steady states within 10%."""
-    out = three_step_run
+    out = first_run[0] / "run"
     records = list(read_records(out / "memory.jsonl"))
     assert {r.rank for r in records} == {0, 1}
     assert {r.step for r in records} == {0, 1, 2, 3}

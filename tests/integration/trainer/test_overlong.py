@@ -17,7 +17,7 @@ import pytest
 
 from hybrid.data import write_rows
 from hybrid.trainer.loop import Driver
-from tests.integration.trainer.helpers import read_metrics, small_config, write_assets
+from tests.integration.trainer.helpers import ONE_WORKER, read_metrics, small_config, write_assets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -36,7 +36,7 @@ def test_every_row_at_its_budget_takes_the_whole_penalty(ray_cluster: None, tmp_
     write_rows(rows, assets / "train.jsonl")
     out = tmp_path / "run"
     config = small_config(
-        assets, out, "rollout.engine=toy", f"trainer.total_steps={STEPS}",
+        assets, out, "rollout.engine=toy", *ONE_WORKER, f"trainer.total_steps={STEPS}",
         "rollout.ignore_eos=true", "reward.overlong_buffer.enable=true",
         "reward.overlong_buffer.len=2", f"reward.overlong_buffer.penalty_factor={FACTOR}",
     )  # fmt: skip

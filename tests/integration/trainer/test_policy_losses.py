@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.trainer.loop import Driver
-from tests.integration.trainer.helpers import read_metrics, small_config, write_assets
+from tests.integration.trainer.helpers import ONE_WORKER, read_metrics, small_config, write_assets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -52,7 +52,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 MODES = {
-    "colocated": (),
+    "colocated": ONE_WORKER,
     "split": ("trainer.mode=split", "sync.method=memory"),
     # Two mini-batches per update there too.
     "fully_async": (

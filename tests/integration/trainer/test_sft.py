@@ -25,6 +25,7 @@ from hybrid.trainer.loop import Driver
 from hybrid.trainer.sft_stage import sft_dir
 from hybrid.workers.lora import LORA_ADAPTER_DIR
 from tests.integration.trainer.helpers import (
+    ONE_WORKER,
     UNREPEATABLE,
     read_metrics,
     small_config,
@@ -73,7 +74,7 @@ def hf_weights(out: Path) -> dict[str, torch.Tensor]:
 def test_rl_starts_from_the_sft_weights_and_resumes_across_the_boundary(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:
-    toy = ("rollout.engine=toy",)
+    toy = ("rollout.engine=toy", *ONE_WORKER)
     # One run: SFT, then one RL step.
     whole = tmp_path / "whole"
     Driver(small_config(assets, whole, *toy, "trainer.total_steps=1", *sft_overrides(assets))).fit()
