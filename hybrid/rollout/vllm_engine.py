@@ -39,6 +39,7 @@ from hybrid.rollout.vllm_compat import (
     cpu_shm_segment,
     engine_supports_lora,
     explain_shm_collision,
+    prepack_reloaded_experts,
     refresh_tied_lm_head,
     remove_shm_segment,
     request_amx_tiles,
@@ -322,6 +323,7 @@ class VllmEngine:
             load_direct(self._module, self._names, stream)
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+            prepack_reloaded_experts(self._module)
         self._after_load()
         return self._checks.verify() if checksum else 0
 

@@ -23,7 +23,11 @@ from tests.integration.workers.helpers import (
     worker_config,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# `full`: the default tier's budget. By default trainer/test_lora_grpo.py runs LoRA end to end
+# on the same layered adapter sync (adapter-only syncs after the first, engine against actor,
+# the export against peft and a fresh vLLM); the whole-adapter gather and the engine's
+# untouched base are checked here.
+pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(600)]
 
 BF16_TOLERANCE = 0.05
 RANK = 8

