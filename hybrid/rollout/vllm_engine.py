@@ -36,6 +36,7 @@ from hybrid.rollout.engine_args import (
 )
 from hybrid.rollout.vllm_compat import (
     can_repack,
+    cpu_prepacked_experts,
     cpu_shm_segment,
     engine_supports_lora,
     explain_shm_collision,
@@ -169,7 +170,25 @@ class VllmEngine:
 
     @cached_property
     def _checks(self) -> WeightChecks:
-        return WeightChecks(self.stored_weights, self._names.engine_name)
+        return WeightChecks(self.stored_weights, self._checked_name)
+
+    @cached_property
+    def _prepacked_experts(self) -> tuple[str, ...]:
+        """The sent-name prefix (`model.layers.N.mlp.experts.`) of every fused-expert layer
+        kept in the kernel's own byte order."""
+        marker = ".experts"
+        return tuple(
+            name[: name.index(marker) + len(marker)] + "."
+            for name in cpu_prepacked_experts(self._module)
+            if marker in name
+        )
+
+    def _checked_name(self, hf_name: str) -> str | None:
+        """The engine tensor whose checksum a sent tensor adds to; None for the experts of a
+        prepacked layer (their bytes are the kernel's, not the sent ones)."""
+        if hf_name.startswith(self._prepacked_experts):
+            return None
+        return self._names.engine_name(hf_name)
 
     @cached_property
     def _quantization(self) -> str | None:
@@ -305,6 +324,7 @@ class VllmEngine:
             blockers=tuple(blockers),
             apart=stored_apart(self.stored_weights(), torch_dtype(self.dtype)),
             unreadable=sum(1 for p in module.parameters() if p.numel() == 0),
+            prepacked_experts=len(self._prepacked_experts),
         )
         for note in facts.notes():
             logger.warning("rollout engine: %s", note)

