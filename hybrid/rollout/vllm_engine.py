@@ -35,6 +35,7 @@ from hybrid.rollout.engine_args import (
     sleep_level,
 )
 from hybrid.rollout.vllm_compat import (
+    PrepackedExperts,
     can_repack,
     cpu_prepacked_experts,
     cpu_shm_segment,
@@ -173,20 +174,23 @@ class VllmEngine:
         return WeightChecks(self.stored_weights, self._checked_name)
 
     @cached_property
-    def _prepacked_experts(self) -> tuple[str, ...]:
-        """The sent-name prefix (`model.layers.N.mlp.experts.`) of every fused-expert layer
-        kept in the kernel's own byte order."""
+    def _prepacked_experts(self) -> tuple[PrepackedExperts, ...]:
+        return cpu_prepacked_experts(self._module)
+
+    @cached_property
+    def _prepacked_prefixes(self) -> tuple[str, ...]:
+        """The sent-name prefix (`model.layers.N.mlp.experts.`) of each prepacked layer."""
         marker = ".experts"
         return tuple(
-            name[: name.index(marker) + len(marker)] + "."
-            for name in cpu_prepacked_experts(self._module)
-            if marker in name
+            e.name[: e.name.index(marker) + len(marker)] + "."
+            for e in self._prepacked_experts
+            if marker in e.name
         )
 
     def _checked_name(self, hf_name: str) -> str | None:
         """The engine tensor whose checksum a sent tensor adds to; None for the experts of a
         prepacked layer (their bytes are the kernel's, not the sent ones)."""
-        if hf_name.startswith(self._prepacked_experts):
+        if hf_name.startswith(self._prepacked_prefixes):
             return None
         return self._names.engine_name(hf_name)
 
@@ -343,7 +347,7 @@ class VllmEngine:
             load_direct(self._module, self._names, stream)
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
-            prepack_reloaded_experts(self._module)
+            prepack_reloaded_experts(self._prepacked_experts)
         self._after_load()
         return self._checks.verify() if checksum else 0
 

@@ -40,18 +40,13 @@ PERTURBATION = 0.05
 ROOT = Path(__file__).resolve().parents[3]
 
 _CHILD = """
-import json, os, socket, sys
+import json, sys
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
 model_dir, data_file, out_path, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-dist.init_process_group("gloo")
+from tests.integration.rollout.engine_child import start_single_rank_world
+start_single_rank_world()
 
 from hybrid.data import PromptDataset
 from hybrid.data.prompts import left_pad
@@ -254,18 +249,13 @@ TOOL_TIMEOUT_S = 0.5
 MAX_OUTPUT_CHARS = 64
 
 _MISBEHAVING_CHILD = """
-import json, os, socket, sys, time
+import json, sys, time
 import torch
-import torch.distributed as dist
 
 model_dir, tools, out_path, modes, timeout_s, max_chars = sys.argv[1:7]
 modes = json.loads(modes)
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-dist.init_process_group("gloo")
+from tests.integration.rollout.engine_child import start_single_rank_world
+start_single_rank_world()
 
 from hybrid.data import Batch
 from hybrid.data.prompts import chat_prompts

@@ -18,7 +18,6 @@ tests/integration/models/test_tiny_model_vllm.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,22 +25,18 @@ from pathlib import Path
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 _CHILD = """
-import json, os, socket, sys
+import json, sys
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
 model_dir, out_path, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-dist.init_process_group("gloo")
+from tests.integration.rollout.engine_child import start_single_rank_world
+start_single_rank_world()
 
 from hybrid.rollout.checksum import ChecksumMismatchError
 from hybrid.rollout.vllm_compat import amx_tiles_permitted, amx_tiles_requested
@@ -110,8 +105,6 @@ json.dump({"layout": facts.layout, "auto": auto.strategy, "blockers": list(auto.
 engine.shutdown()
 """
 
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 # The tied model's direct sync runs by default in test_hybrid_fresh_workers.py (tied, auto).
 @pytest.mark.parametrize(
@@ -124,8 +117,7 @@ def test_direct_load_equals_reload_on_either_layout(tmp_path: Path, dtype: str, 
     config = TinyModelConfig.preset("tiny", tie_word_embeddings=tied)
     model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
     out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env = engine_child_env()
     subprocess.run(
         [sys.executable, "-c", _CHILD, str(model_dir), str(out), dtype],
         env=env,

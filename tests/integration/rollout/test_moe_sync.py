@@ -15,7 +15,6 @@ tests/integration/models/test_tiny_model_vllm.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -30,18 +30,13 @@ SYNCS = 20
 LOGPROB_ATOL = 1e-3  # fp32 engine against fp32 transformers; measured 0.0 on AVX2 and AVX-512
 
 _CHILD = """
-import json, os, socket, sys
+import json, sys
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 model_dir, out_path, syncs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-dist.init_process_group("gloo")
+from tests.integration.rollout.engine_child import start_single_rank_world
+start_single_rank_world()
 
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_engine import VllmEngine
@@ -81,8 +76,6 @@ json.dump({"strategy": facts.strategy, "gaps": gaps, "notes": facts.notes(), "ch
 engine.shutdown()
 """
 
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 # Qwen3-MoE by default; Qwen2-MoE (a shared expert beside the routed ones) is `full`.
 @pytest.mark.parametrize(
@@ -92,8 +85,7 @@ def test_experts_stay_exact_over_twenty_syncs(tmp_path: Path, architecture: str)
     config = TinyModelConfig.preset("tiny-moe", architecture=architecture, initializer_range=0.1)
     model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
     out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env = engine_child_env()
     subprocess.run(
         [sys.executable, "-c", _CHILD, str(model_dir), str(out), str(SYNCS)],
         env=env,

@@ -14,7 +14,6 @@ in tests/integration/models/test_tiny_model_vllm.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -34,19 +34,14 @@ PERTURBATION = 0.05
 PROMPTS = ([5, 17, 23, 9], [40, 41, 42])
 
 _CHILD = """
-import json, os, socket, sys
+import json, sys
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
 model_dir, out_path = sys.argv[1], sys.argv[2]
 prompts, steps_before, budget, scale = json.loads(sys.argv[3])
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-dist.init_process_group("gloo")
+from tests.integration.rollout.engine_child import start_single_rank_world
+start_single_rank_world()
 
 from hybrid.rollout.streaming import InFlight
 from hybrid.rollout.config import RolloutConfig
@@ -92,8 +87,6 @@ json.dump({
 engine.shutdown()
 """
 
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 def token_log_probs(model: torch.nn.Module, prompt: list[int], response: list[int]) -> list[float]:
     ids = torch.tensor([prompt + response])
@@ -109,8 +102,7 @@ def test_interrupted_samples_continue_under_the_new_weights(tmp_path: Path) -> N
         tmp_path / "model", TinyModelConfig.preset("tiny", dtype="float32"), seed=0
     )
     out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env = engine_child_env()
     args = json.dumps([list(PROMPTS), STEPS_BEFORE_SYNC, BUDGET, PERTURBATION])
     subprocess.run(
         [sys.executable, "-c", _CHILD, str(model_dir), str(out), args],

@@ -12,7 +12,6 @@ tests/integration/models/test_tiny_model_vllm.py for why).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -58,8 +58,6 @@ fixed = lm_head_error()
 json.dump({"stale": stale, "applied": applied, "fixed": fixed, "layout": layout}, open(out_path, "w"))
 """
 
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 # float16 (plain on every CPU) in test-full: by default the tied Qwen3's fp16-direct cell of
 # test_architectures.py checks the engine's log-probs after a sync on that layout.
@@ -67,8 +65,7 @@ _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 def test_tied_lm_head_is_fresh_after_reload_on_either_layout(tmp_path: Path, dtype: str) -> None:
     model_dir = build_tiny_model(tmp_path / "tied", TinyModelConfig.preset("tiny"), seed=0)
     out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env = engine_child_env()
     subprocess.run(
         [sys.executable, "-c", _CHILD, str(model_dir), str(out), dtype],
         env=env,

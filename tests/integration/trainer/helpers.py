@@ -62,6 +62,21 @@ def small_run_overrides(assets: Path, output_dir: Path, *extra: str) -> list[str
     ]
 
 
+TWO_MINI_BATCHES = (
+    "data.train_batch_size=4",
+    "algorithm.ppo_mini_batch_size=2",
+    "rollout.n=4",
+    "actor.micro_batch_size=2",
+    "actor.use_kl_loss=true",
+    "actor.entropy_coeff=0.01",
+    "trainer.loggers=[jsonl]",
+    "trainer.val_before_train=false",
+)
+"""A small GRPO step with every phase recorded: 4 prompts x 4 samples in 2 mini-batches (the
+old-log-prob pass runs), the KL loss and an entropy bonus on; jsonl metrics, no validation
+before training."""
+
+
 def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunConfig:
     cfg = compose(
         "config",
@@ -70,14 +85,7 @@ def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunCo
             f"data.train_files=[{assets / 'train.jsonl'}]",
             f"data.val_files=[{assets / 'test.jsonl'}]",
             f"trainer.output_dir={output_dir}",
-            "data.train_batch_size=4",
-            "algorithm.ppo_mini_batch_size=2",
-            "rollout.n=4",
-            "actor.micro_batch_size=2",
-            "actor.use_kl_loss=true",
-            "actor.entropy_coeff=0.01",
-            "trainer.loggers=[jsonl]",
-            "trainer.val_before_train=false",
+            *TWO_MINI_BATCHES,
             "trainer.test_freq=0",
             *overrides,
         ],

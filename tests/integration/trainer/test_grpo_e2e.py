@@ -21,6 +21,7 @@ from hybrid.trainer.demo_assets import DEMO_MODEL_PATH, DEMO_TRAIN_FILE, DEMO_VA
 from hybrid.trainer.loop import Driver
 from profiling import memory_report
 from tests.integration.trainer.helpers import (
+    TWO_MINI_BATCHES,
     UNREPEATABLE,
     child_env,
     make_config,
@@ -50,19 +51,12 @@ REQUIRED = (
 # The demo's config at small sizes: 2 mini-batches a step and the KL loss on, so that every
 # phase of a step is recorded; a checkpoint after each step, the newest two kept.
 FIRST_RUN = (
+    *TWO_MINI_BATCHES,
     "trainer.total_steps=3",
     "trainer.save_freq=1",
     "trainer.max_checkpoints_to_keep=2",
     "trainer.output_dir=run",
-    "trainer.val_before_train=false",
     "trainer.test_freq=3",
-    "trainer.loggers=[jsonl]",
-    "data.train_batch_size=4",
-    "algorithm.ppo_mini_batch_size=2",
-    "rollout.n=4",
-    "actor.micro_batch_size=2",
-    "actor.use_kl_loss=true",
-    "actor.entropy_coeff=0.01",
 )
 
 
