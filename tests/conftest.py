@@ -11,6 +11,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.longest_first"]
+
 # vLLM compiles two of its sampler ops with inductor at an engine's first generation: about
 # three seconds of CPU per engine start (and g++ runs on a cold inductor cache), paid again
 # by every worker, explorer and child run of the suite. Nothing in the suite tests
