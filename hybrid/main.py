@@ -22,6 +22,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hybrid.controller.errors import StallError
+from hybrid.heap import freeze_heap
 from hybrid.rewards.manager import RewardError
 from hybrid.trainer.compose import CONFIG_DIR as CONFIG_PATH
 from hybrid.trainer.compose import register_schema, to_run_config
@@ -78,6 +79,7 @@ def main(cfg: DictConfig) -> None:
         driver = Driver(config)  # every trainer.mode: hybrid/trainer/loop.py
     except INPUT_ERRORS as error:  # the tokenizer, the data rows, the reward file
         stop(error, out, 2)
+    freeze_heap()  # the driver's imports and inputs live as long as the run
     try:
         final = driver.fit()
     except (RewardError, StallError) as error:  # the row, or the phase and ranks, named

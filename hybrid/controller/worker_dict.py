@@ -25,6 +25,7 @@ from hybrid.controller.errors import WorkerCallError
 from hybrid.controller.progress import ProgressWriter
 from hybrid.controller.rank_env import RankEnv
 from hybrid.controller.worker import Worker
+from hybrid.heap import freeze_heap
 from hybrid.memory.ledger import process_ledger
 from hybrid.ports import free_port
 
@@ -168,6 +169,7 @@ class WorkerDict:
         progress_dir: str | None = None,
     ) -> None:
         self._rank = env.rank
+        freeze_heap()  # the members' classes are imported by now (unpickled with `members`)
         if log_dir is not None:
             _quiet_worker_logging(redirect_output(worker_log_path(log_dir, env.rank)))
             self._logs_redirected = True

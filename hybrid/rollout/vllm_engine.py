@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hybrid.dtypes import Dtype, torch_dtype
+from hybrid.heap import freeze_heap
 from hybrid.memory.model_shape import model_shape
 from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.checksum import WeightChecks, digest_of
@@ -85,6 +86,10 @@ class VllmEngine:
         # The engine must run in this process: the weight sync hands it tensors by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
+
+        # vLLM's build runs full collections (memory profiling): over a frozen start-up heap
+        # they scan only what the build makes.
+        freeze_heap()
 
         self.config = config
         self.dtype = dtype

@@ -17,7 +17,7 @@ import pytest
 from hybrid.data.agent_task import write_agent_task
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.loop import Driver
-from tests.integration.trainer.helpers import config_from_overrides, read_metrics
+from tests.integration.trainer.helpers import ONE_WORKER, config_from_overrides, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -77,7 +77,7 @@ def check_agent_metrics(metrics: list[dict]) -> None:
 
 
 def test_colocated_agent_run(assets: Path, tmp_path: Path) -> None:
-    metrics = run_agent(assets, tmp_path / "run", 3)
+    metrics = run_agent(assets, tmp_path / "run", 3, *ONE_WORKER)
     check_agent_metrics(metrics)
 
 

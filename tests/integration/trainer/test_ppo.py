@@ -1,4 +1,4 @@
-"""PPO with a critic end to end on 2 CPU workers and the tiny model: the critic's warm-up, the
+"""PPO with a critic end to end on one CPU worker and the tiny model: the critic's warm-up, the
 adaptive KL penalty in the reward, the critic's phases in the memory ledger, and an exact
 resume of actor, critic and KL controller.
 
@@ -21,6 +21,7 @@ from hybrid.trainer.checkpoints import checkpoint_dir, critic_checkpoint_dir
 from hybrid.trainer.loop import CRITIC_EXPORT_DIR, Driver
 from profiling.memory_analysis import load_config, planner_prediction
 from tests.integration.trainer.helpers import (
+    ONE_WORKER,
     UNREPEATABLE,
     make_config,
     read_metrics,
@@ -65,7 +66,8 @@ def ppo_run(
 ) -> tuple[Path, list[dict]]:
     """3 PPO steps, a checkpoint after each, the actor and the critic exported."""
     out = tmp_path_factory.mktemp("ppo_run") / "run"
-    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=true", *PPO)).fit()
+    overrides = ("trainer.total_steps=3", "trainer.export_hf=true", *PPO, *ONE_WORKER)
+    Driver(make_config(assets, out, *overrides)).fit()
     return out, read_metrics(out)
 
 
@@ -124,7 +126,8 @@ def test_a_ppo_run_resumes_exactly(
     shutil.copytree(first, out)
     shutil.rmtree(checkpoint_dir(out, 3))
     shutil.rmtree(critic_checkpoint_dir(out, 3))
-    Driver(make_config(assets, out, "trainer.total_steps=3", "trainer.export_hf=false", *PPO)).fit()
+    overrides = ("trainer.total_steps=3", "trainer.export_hf=false", *PPO, *ONE_WORKER)
+    Driver(make_config(assets, out, *overrides)).fit()
     resumed = read_metrics(out)
     # The first run's step 3 row left metrics.jsonl with its checkpoint: each step once.
     assert [m["step"] for m in resumed] == [1, 2, 3]
