@@ -40,18 +40,11 @@ def free_port(host: str = "") -> int:
     low, _ = ephemeral_range()
     candidates = range(_LOWEST, low)
     for _ in range(_TRIES if candidates else 0):
-        port = _PICKER.choice(candidates)
-        if _bindable(host, port):
-            return port
+        try:
+            return _bind(host, _PICKER.choice(candidates))
+        except OSError:  # taken: another pick
+            continue
     return _bind(host, 0)
-
-
-def _bindable(host: str, port: int) -> bool:
-    try:
-        _bind(host, port)
-    except OSError:
-        return False
-    return True
 
 
 def _bind(host: str, port: int) -> int:
