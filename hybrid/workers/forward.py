@@ -20,6 +20,7 @@ from hybrid.workers.config import ModelConfig
 from hybrid.workers.log_prob_head import scoring_head
 from hybrid.workers.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
+from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,27 @@ def _run(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
 
 @torch.no_grad()
 def score_responses(
-    model: torch.nn.Module, batch: Batch, config: PassConfig, with_entropy: bool
+    model: torch.nn.Module,
+    batch: Batch,
+    config: PassConfig,
+    with_entropy: bool,
+    routing: MoeRouting | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Log-probs (and entropy) of `responses` under `model`, in row order."""
+    """Log-probs (and entropy) of `responses` under `model`, in row order; with `routing`
+    also the experts every MoE layer chose for every token (ROUTED_EXPERTS, on the host)."""
     shape = batch.tensors["responses"].shape
     device = batch.tensors["responses"].device
     log_probs = torch.zeros(shape, dtype=torch.float32, device=device)
     entropy = torch.zeros(shape, dtype=torch.float32, device=device)
+    record = None if routing is None else routing.empty_record(batch)
     for rows in micro_batches(batch, config):
-        scores = score_micro_batch(model, batch[rows], config, with_entropy)
+        micro = batch[rows]
+        if routing is None or record is None:
+            scores = score_micro_batch(model, micro, config, with_entropy)
+        else:
+            with routing.trace(micro, config.packed) as trace:
+                scores = score_micro_batch(model, micro, config, with_entropy)
+            routing.write_record(record, rows, trace)
         index = torch.tensor(rows, device=device)
         log_probs[index] = scores.log_probs
         if scores.entropy is not None:
@@ -124,4 +137,6 @@ def score_responses(
     out = {"log_probs": log_probs}
     if with_entropy:
         out["entropy"] = entropy
+    if record is not None:
+        out[ROUTED_EXPERTS] = record
     return out

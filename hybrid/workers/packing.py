@@ -38,6 +38,16 @@ class ModelInputs:
         return flat.view(b, r)
 
 
+def token_positions(attention_mask: torch.Tensor, packed: bool) -> torch.Tensor:
+    """(tokens,) where each token the model reads sits in the flattened (b x S) micro-batch, in
+    the order the model reads them: every position padded, the valid ones row-major packed.
+    What a per-token record of one pass (the MoE routing, hybrid.workers.routing) is keyed by,
+    so that another pass with other micro-batches or another layout finds its tokens."""
+    if not packed:
+        return torch.arange(attention_mask.numel(), device=attention_mask.device)
+    return attention_mask.flatten().nonzero().flatten()
+
+
 def _response_tokens(micro: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(rows, cols) of the valid response tokens, their ids, and the prompt width P."""
     responses = micro.tensors["responses"]

@@ -21,6 +21,7 @@ the global mini-batch, whatever the micro-batch size or the split across ranks.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,7 @@ from hybrid.torch_compat import all_gather_single
 from hybrid.workers.config import ActorConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
+from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting, RoutingTrace
 
 UPDATE_KEYS = (
     "input_ids",
@@ -65,8 +67,11 @@ class PolicyTrainer:
         spec: WorkerSpec,
         pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
+        routing: MoeRouting | None = None,
     ) -> None:
         self.model = model
+        self.routing = routing
+        """The MoE routers' hooks (None: a dense model)."""
         self.optimizer = optimizer
         self.config = config
         self.spec = spec
@@ -89,6 +94,8 @@ class PolicyTrainer:
             required.append("ref_log_prob")
         if self.spec.corrected or "old_log_probs" not in batch:
             required.append("rollout_log_probs")
+        if self._compares_routing(batch):
+            required.append(ROUTED_EXPERTS)
         missing = [key for key in required if key not in batch]
         if missing:
             raise KeyError(f"update_actor needs batch keys {missing}; it has {batch.keys()}")
@@ -119,49 +126,68 @@ class PolicyTrainer:
             fractions[kept_key] = 0.0
         first_pass = FirstPassStats({"cap": spec.mismatch_cap})
         pg_parts: list[tuple[float, dict[str, float]]] = []
+        routing_stats = None if self.routing is None else self.routing.stats()
+        if routing_stats is not None:
+            totals["actor/moe_aux_loss"] = 0.0
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
             micro = mini[rows]
-            mask = micro.tensors["response_mask"]
-            scores = score_micro_batch(
-                self.model, micro, self.pass_config, True, entropy_grad=c.entropy_coeff > 0
-            )
-            log_prob = scores.log_probs
-            assert scores.entropy is not None
-            old_log_prob = log_prob.detach() if on_policy else micro.tensors["old_log_probs"]
-            if on_policy:
-                first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
-            advantages, kept = self._corrected_advantages(micro, old_log_prob)
-            if kept is not None and kept_key is not None:
-                fractions[kept_key] += kept / local_tokens
+            with self._routing_trace(micro) as trace:
+                mask = micro.tensors["response_mask"]
+                scores = score_micro_batch(
+                    self.model, micro, self.pass_config, True, entropy_grad=c.entropy_coeff > 0
+                )
+                log_prob = scores.log_probs
+                assert scores.entropy is not None
+                old_log_prob = log_prob.detach() if on_policy else micro.tensors["old_log_probs"]
+                if on_policy:
+                    first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
+                advantages, kept = self._corrected_advantages(micro, old_log_prob)
+                if kept is not None and kept_key is not None:
+                    fractions[kept_key] += kept / local_tokens
 
-            def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
-                return aggregate_loss(per_token, mask, c.loss_agg_mode, global_tokens, global_seqs)
+                def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
+                    return aggregate_loss(
+                        per_token, mask, c.loss_agg_mode, global_tokens, global_seqs
+                    )
 
-            # TIS / decoupled weights ride on the advantages: a positive per-token factor on
-            # A_t. For PPO-clip, CISPO and SAPO that is a per-token weight on the token's loss
-            # (the sign of A_t, which picks a branch or a temperature, is kept). GSPO puts its
-            # row's loss l_i on every token, so token t carries w_t l_i: the row counts with its
-            # tokens' weights (mean weight under seq-mean-token-mean); a token decoupled PPO
-            # drops (w_t = 0) gives up its share, though its log-ratio stays in s_i.
-            pg_loss, pg_metrics = self.pg_loss(
-                log_prob, old_log_prob, advantages, mask, self.loss_settings,
-                global_tokens=global_tokens, global_seqs=global_seqs,
-            )  # fmt: skip
-            entropy = aggregate(scores.entropy)
-            kl: torch.Tensor | float = 0.0
-            if c.use_kl_loss:
-                kl = aggregate(kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type))
-                totals["actor/kl_loss"] += float(kl.detach()) * scale
-            loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
-            # The forward changes nothing a component source counts (grads come in backward).
-            boundary(self.ledger, "update/forward", index, reuse_components=True)
-            (loss * scale).backward()
-            boundary(self.ledger, "update/backward", index)
-            # Scaled like the gradient: the mean over ranks is the loss of the global batch.
-            totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
-            totals["actor/entropy"] += float(entropy.detach()) * scale
-            pg_parts.append((float(mask.sum()) / local_tokens, pg_metrics))
+                # TIS / decoupled weights ride on the advantages: a positive per-token factor on
+                # A_t. For PPO-clip, CISPO and SAPO that is a per-token weight on the token's loss
+                # (the sign of A_t, which picks a branch or a temperature, is kept). GSPO puts its
+                # row's loss l_i on every token, so token t carries w_t l_i: the row counts with its
+                # tokens' weights (mean weight under seq-mean-token-mean); a token decoupled PPO
+                # drops (w_t = 0) gives up its share, though its log-ratio stays in s_i.
+                pg_loss, pg_metrics = self.pg_loss(
+                    log_prob, old_log_prob, advantages, mask, self.loss_settings,
+                    global_tokens=global_tokens, global_seqs=global_seqs,
+                )  # fmt: skip
+                entropy = aggregate(scores.entropy)
+                kl: torch.Tensor | float = 0.0
+                if c.use_kl_loss:
+                    kl = aggregate(
+                        kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type)
+                    )
+                    totals["actor/kl_loss"] += float(kl.detach()) * scale
+                loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
+                aux = None if trace is None else trace.aux_loss()
+                if aux is not None:
+                    # This micro-batch's share of the mini-batch's tokens, as for the pg loss.
+                    aux = aux * (float(mask.sum()) / global_tokens)
+                    if c.moe_aux_loss_coef > 0:
+                        loss = loss + c.moe_aux_loss_coef * aux
+                    totals["actor/moe_aux_loss"] += float(aux.detach()) * scale
+                # The forward changes nothing a component source counts (grads come in backward).
+                boundary(self.ledger, "update/forward", index, reuse_components=True)
+                (loss * scale).backward()
+                boundary(self.ledger, "update/backward", index)
+                # Scaled like the gradient: the mean over ranks is the loss of the global batch.
+                totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
+                totals["actor/entropy"] += float(entropy.detach()) * scale
+                pg_parts.append((float(mask.sum()) / local_tokens, pg_metrics))
+            if routing_stats is not None and trace is not None:
+                routing_stats.add(trace)
         fractions.update(fold_loss_metrics(pg_parts))
+        if routing_stats is not None:
+            fractions.update(routing_stats.metrics(device))
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
         boundary(self.ledger, "update/optimizer_step")
         return {
@@ -172,6 +198,29 @@ class PolicyTrainer:
             "actor/step_applied": float(applied),
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
+
+    def _compares_routing(self, batch: Batch) -> bool:
+        """The update compares (or replays) the old-log-prob pass's routing."""
+        return (
+            self.routing is not None
+            and self.config.router_replay in ("measure", "record")
+            and "old_log_probs" in batch
+        )
+
+    def _routing_trace(self, micro: Batch) -> AbstractContextManager[RoutingTrace | None]:
+        """The micro-batch's pass through the MoE routers, forward and backward (recomputed
+        layers route again inside it); none for a dense model."""
+        if self.routing is None:
+            return nullcontext()
+        compares = self._compares_routing(micro)
+        return self.routing.trace(
+            micro,
+            self.pass_config.packed,
+            replay=compares and self.config.router_replay == "record",
+            compare=compares,
+            with_aux_loss=True,
+            aux_grad=self.config.moe_aux_loss_coef > 0,
+        )
 
     def _corrected_advantages(
         self, micro: Batch, old_log_prob: torch.Tensor

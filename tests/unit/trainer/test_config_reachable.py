@@ -29,7 +29,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
-DEMOS = ("config", "agent_demo", "sft_grpo_demo")  # they name their model (built on first use)
+DEMOS = ("config", "agent_demo", "sft_grpo_demo", "moe_demo")  # they name their model (built on first use)
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in DEMOS)
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
@@ -49,9 +49,12 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     # Distillation's weights are refused without a teacher.
     "distill.coef": ("distill.teacher_path=some/teacher",),
     "distill.reward_coef": ("distill.teacher_path=some/teacher",),
+    # Router replay compares with the old-log-prob pass, which an on-policy update skips.
+    "actor.router_replay": ("algorithm.skip_old_log_prob=false",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {
+    "actor.router_replay": "record",
     "algorithm.ppo_mini_batch_size": 8,
     "data.max_prompt_length": 8,
     "model.lora.target_modules": ("q_proj", "v_proj"),

@@ -1,0 +1,40 @@
+"""The actor's mixture-of-experts fields at start-up: router replay needs the old-log-prob pass
+it replays, and routers in the model (a dense model.path is named), before any worker starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.unit.trainer.test_config_reachable import compose_config, to_typed
+
+pytestmark = pytest.mark.unit
+
+OLD_PASS = "algorithm.skip_old_log_prob=false"
+
+
+@pytest.mark.parametrize("replay", ["measure", "record"])
+def test_an_on_policy_update_has_no_pass_to_replay(replay: str) -> None:
+    on_policy = to_typed(compose_config())
+    assert on_policy.on_policy_update  # the demo: one epoch over one mini-batch
+    with pytest.raises(ValueError, match=rf"actor\.router_replay={replay} .* on-policy"):
+        to_typed(compose_config(overrides=(f"actor.router_replay={replay}",)))
+    config = to_typed(compose_config(overrides=(f"actor.router_replay={replay}", OLD_PASS)))
+    assert config.worker_config().actor.router_replay == replay
+
+
+def test_a_dense_model_has_no_router(tmp_path: Path) -> None:
+    dense = build_tiny_model(tmp_path / "dense", TinyModelConfig.preset("tiny"))
+    moe = build_tiny_model(tmp_path / "moe", TinyModelConfig.preset("tiny-moe"))
+    base = ("data.train_files=[]", "data.val_files=[]", OLD_PASS)
+    asked = ("actor.router_replay=record", "actor.moe_aux_loss_coef=0.01")
+    config = to_typed(compose_config(overrides=(*base, f"model.path={dense}", *asked)))
+    with pytest.raises(
+        ValueError,
+        match=r"actor\.router_replay, actor\.moe_aux_loss_coef: model\.path .* is a dense model",
+    ):
+        config.check_paths()
+    to_typed(compose_config(overrides=(*base, f"model.path={moe}", *asked))).check_paths()
+    to_typed(compose_config(overrides=(*base, f"model.path={dense}"))).check_paths()
