@@ -11,6 +11,7 @@ from pathlib import Path
 from hybrid.data import write_rows
 from hybrid.main import build_config
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.models.config import PresetName
 from hybrid.trainer.compose import compose
 from hybrid.trainer.config import TrainerRunConfig
 
@@ -22,9 +23,10 @@ instead of two (each costs about 13 s of CPU to start, most of it imports). The 
 FSDP and sync paths run in every real-engine test."""
 
 
-def write_assets(root: Path) -> Path:
-    """root/model (tiny Qwen2, arithmetic vocabulary), root/train.jsonl, root/test.jsonl."""
-    build_tiny_model(root / "model", TinyModelConfig.preset("tiny", vocab="arithmetic"), seed=0)
+def write_assets(root: Path, preset: PresetName = "tiny") -> Path:
+    """root/model (tiny Qwen2, or the preset's model; arithmetic vocabulary), root/train.jsonl,
+    root/test.jsonl."""
+    build_tiny_model(root / "model", TinyModelConfig.preset(preset, vocab="arithmetic"), seed=0)
     rows = [
         {
             "prompt": [{"role": "user", "content": f"{a}+{b}="}],

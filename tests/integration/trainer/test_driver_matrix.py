@@ -150,15 +150,27 @@ MODE_EXTRAS = {
 }
 
 
+@pytest.fixture(scope="module")
+def moe_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("toy_moe"), preset="tiny-moe")
+
+
 def test_every_mode_reports_the_same_step_metrics(
-    ray_cluster: None, assets: Path, tmp_path: Path
+    ray_cluster: None, moe_assets: Path, tmp_path: Path
 ) -> None:
     """One config, three modes: the train step's keys are the same set in each; what differs
     is only each mode's own rollout and sync figures. The split run is the default split cell
     (the checkpoint transport under the explorer's schedule, checked as test_split_cell checks
-    every cell); the fully-async run syncs over memory; colocated runs on one worker."""
+    every cell); the fully-async run syncs over memory; colocated runs on one worker. The model
+    is the tiny Qwen3-MoE under router replay, so in every mode the old-log-prob pass's routing
+    record reaches the update with its rows, which computes with exactly those experts."""
     steps = 2
-    base = (f"trainer.total_steps={steps}", "algorithm.skip_old_log_prob=false")
+    base = (
+        f"trainer.total_steps={steps}",
+        "algorithm.skip_old_log_prob=false",
+        "actor.router_replay=record",
+    )
+    assets = moe_assets
     split_out = tmp_path / "split"
     mode_overrides = {
         "colocated": ("trainer.num_workers=1",),
@@ -171,6 +183,10 @@ def test_every_mode_reports_the_same_step_metrics(
         metrics = fit(assets, tmp_path / mode, *base, f"trainer.mode={mode}", *mode_overrides[mode])
         keys = set(metrics[-1])
         assert keys >= STEP_KEYS | SOURCE_KEYS | PUBLISHER_KEYS, mode
+        for m in metrics:
+            assert m["actor/moe_routing_diff_frac"] == 0.0, mode  # replayed
+            assert 0.0 <= m["actor/moe_router_drift_frac"] <= 1.0, mode
+            assert m["actor/moe_load_max_over_mean"] >= 1.0, mode
         step_keys = {k for k in keys if not k.startswith(extras)} | (STEP_KEYS & keys)
         if shared_step_keys:
             assert step_keys == shared_step_keys, (mode, step_keys ^ shared_step_keys)
