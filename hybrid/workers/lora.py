@@ -36,17 +36,42 @@ def linear_module_names(model: nn.Module) -> list[str]:
     return sorted(names)
 
 
+def expert_aliases(model: nn.Module, names: Iterable[str]) -> set[str]:
+    """The names among `names` that peft moves from linear modules to a mixture of experts'
+    stacked parameters (its conversion for transformers 5: on Qwen3-MoE `down_proj` means the
+    experts' `down_proj` [E, H, I], and the dense layers' `down_proj` gets no adapter); empty
+    for a dense model."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+
+    wanted = set(names)
+    probe = PeftLoraConfig(r=1, target_modules=sorted(wanted))
+    convert_peft_config_for_transformers(probe, model, None)
+    return wanted - set(probe.target_modules or ())
+
+
 def target_modules(model: nn.Module, lora: LoraConfig) -> list[str]:
     """The module names that get adapters; an entry that matches nothing raises, listing the
-    linear modules that exist."""
+    linear modules that exist. On a mixture of experts "all-linear" leaves out the names peft
+    would put on the stacked experts (adapters on the experts are not synced here yet), and
+    naming one of them raises."""
     existing = linear_module_names(model)
+    on_experts = expert_aliases(model, existing)
     if lora.target_modules == ALL_LINEAR:
-        return existing
+        return [name for name in existing if name not in on_experts]
     unknown = [name for name in lora.target_modules if name not in existing]
     if unknown:
         raise ValueError(
             f"model.lora.target_modules: {unknown} match no linear module of "
             f"{type(model).__name__}; its decoder layers have {existing}"
+        )
+    experts = [name for name in lora.target_modules if name in on_experts]
+    if experts:
+        kept = [name for name in existing if name not in on_experts]
+        raise ValueError(
+            f"model.lora.target_modules: {experts} would put adapters on the stacked experts of "
+            f"{type(model).__name__} (peft's ParamWrapper), which hybrid does not load or sync "
+            f"yet; adapt {kept} (what all-linear means for this model)"
         )
     return list(lora.target_modules)
 

