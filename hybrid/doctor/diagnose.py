@@ -173,7 +173,15 @@ def memory_checks(
         config, shape, memory, critic_shape=critic_shape, **plan_options(config, facts)
     )
     summary = PlanSummary(
-        plan.fits, plan.peak_gib, plan.margin_gib, plan.peak_phase, memory, source, plan.model
+        plan.fits,
+        plan.peak_gib,
+        plan.margin_gib,
+        plan.peak_phase,
+        memory,
+        source,
+        plan.model,
+        plan.parameters,
+        plan.active_parameters,
     )
     unit = "GPU" if config.trainer.use_gpu else "worker"
     where = f"{memory:.1f} GiB per {unit}, {source}; model {plan.model}, {shape_source}"

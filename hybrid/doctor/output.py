@@ -65,6 +65,8 @@ def to_json(report: Report, facts: HostFacts) -> str:
             "memory_gib": round(plan.memory_gib, 2),
             "memory_source": plan.memory_source,
             "model": plan.model,
+            "parameters": plan.parameters,
+            "active_parameters": plan.active_parameters,
         },
     }
     return json.dumps(data)

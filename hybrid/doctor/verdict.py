@@ -31,6 +31,9 @@ class PlanSummary:
     memory_source: str
     """Where memory_gib came from: "detected", "assumed" or "host RAM / workers"."""
     model: str
+    parameters: int = 0
+    active_parameters: int = 0
+    """Those one token computes with (below `parameters` for a mixture of experts)."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybrid.model_families import num_experts
+
 ParamShape = tuple[str, tuple[int, ...]]
 
 # Qwen2Config kwargs of the released Qwen2.5 models (their config.json files).
@@ -50,12 +52,20 @@ QWEN25_PRESETS: dict[str, dict[str, Any]] = {
                         tie_word_embeddings=False),
 }  # fmt: skip
 QWEN25_MAX_POSITIONS = 32768
-TINY_PRESETS = ("tiny", "bench-100m")
+# Qwen3MoeConfig kwargs of the released mixtures of experts (their config.json files).
+QWEN3_MOE_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen3-30B-A3B": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                          head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False,
+                          max_position_embeddings=40960),
+}  # fmt: skip
+TINY_PRESETS = ("tiny", "tiny-moe", "bench-100m")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def known_presets() -> tuple[str, ...]:
-    return (*QWEN25_PRESETS, *TINY_PRESETS)
+    return (*QWEN25_PRESETS, *QWEN3_MOE_PRESETS, *TINY_PRESETS)
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,10 @@ class ModelShape:
     tied_embeddings: bool
     params: tuple[ParamShape, ...]
     """(name, shape) of every distinct parameter, in `named_parameters()` order."""
+    num_experts: int = 0
+    """Routed experts per MoE layer (0: a dense model)."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (top-k)."""
 
     # The planner asks for the same sizes thousands of times (hybrid.planner.suggest); the
     # caches below are keyed on the shape, whose hash is computed once instead of over every
@@ -86,6 +100,29 @@ class ModelShape:
     @functools.cached_property
     def num_params(self) -> int:
         return count(self.params)
+
+    @functools.cached_property
+    def expert_params(self) -> int:
+        """Elements of the routed experts' stacked tensors ([E, ...] under `mlp.experts.`)."""
+        if not self.num_experts:
+            return 0
+        return sum(
+            _numel(dims)
+            for name, dims in self.params
+            if ".mlp.experts." in name and dims and dims[0] == self.num_experts
+        )
+
+    @functools.cached_property
+    def active_params(self) -> int:
+        """Elements one token computes with: all but the routed experts it is not sent to."""
+        if not self.num_experts:
+            return self.num_params
+        idle = self.expert_params * (self.num_experts - self.experts_per_token)
+        return self.num_params - idle // self.num_experts
+
+    @functools.cached_property
+    def num_moe_layers(self) -> int:
+        return len({layer_key(name) for name, _ in self.params if ".mlp.experts." in name})
 
     @functools.cached_property
     def layer_params(self) -> dict[str, int]:
@@ -224,16 +261,18 @@ def _cached_shape(path_or_preset: str) -> ModelShape:
 
 
 def _hf_config(path_or_preset: str) -> Any:
-    from transformers import AutoConfig, Qwen2Config
+    from transformers import AutoConfig, Qwen2Config, Qwen3MoeConfig
 
     if path_or_preset in QWEN25_PRESETS:
         return Qwen2Config(
             **QWEN25_PRESETS[path_or_preset], max_position_embeddings=QWEN25_MAX_POSITIONS
         )
+    if path_or_preset in QWEN3_MOE_PRESETS:
+        return Qwen3MoeConfig(**QWEN3_MOE_PRESETS[path_or_preset])
     if path_or_preset in TINY_PRESETS:
-        from hybrid.models import TinyModelConfig, qwen2_config
+        from hybrid.models import TinyModelConfig, hf_config
 
-        return qwen2_config(TinyModelConfig.preset(path_or_preset))  # type: ignore[arg-type]
+        return hf_config(TinyModelConfig.preset(path_or_preset))  # type: ignore[arg-type]
     path = Path(path_or_preset)
     if not path.is_dir():
         raise ValueError(
@@ -254,10 +293,12 @@ def shape_from_config(name: str, config: Any) -> ModelShape:
         model = AutoModelForCausalLM.from_config(config)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    experts = num_experts(config)
+    top_k = int(getattr(config, "num_experts_per_tok", 0) or 0) if experts else 0
     return ModelShape(
         name=name,
         hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
+        intermediate_size=_mlp_width(config, top_k),
         num_layers=config.num_hidden_layers,
         num_attention_heads=heads,
         num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
@@ -265,7 +306,21 @@ def shape_from_config(name: str, config: Any) -> ModelShape:
         vocab_size=config.vocab_size,
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         params=tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+        num_experts=experts,
+        experts_per_token=top_k,
     )
+
+
+def _mlp_width(config: Any, top_k: int) -> int:
+    """The intermediate width a token's MLP computes through, for the per-token sizes: a
+    dense layer's, or a MoE layer's top-k experts and shared expert side by side, whichever
+    is wider."""
+    dense = int(config.intermediate_size)
+    if not top_k:
+        return dense
+    routed = top_k * int(config.moe_intermediate_size)
+    shared = int(getattr(config, "shared_expert_intermediate_size", 0) or 0)
+    return max(dense, routed + shared)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -34,7 +34,8 @@ def format_plan(plan: Plan) -> str:
     device = f"cuda ({plan.gpu})" if plan.device == "cuda" else plan.device
     width = max(24, *(len(name) + 1 for name in plan.phases))
     lines = [
-        f"Memory plan: {plan.model} on {device}{lora}{teacher}, {plan.gpu_memory_gib:g} GiB per "
+        f"Memory plan: {plan.model}{_parameters(plan)} on {device}{lora}{teacher}, "
+        f"{plan.gpu_memory_gib:g} GiB per "
         f"worker (budget {plan.budget_gib:.2f} GiB after {reserve})",
         "",
         f"{'phase':<{width}}{'peak ' + unit:>9}  biggest contributors ({unit}; * = transient)",
@@ -134,6 +135,13 @@ def format_suggestions(plan: Plan, suggestions: list[Suggestion]) -> str:
             f"(margin {s.plan.margin_gib:+.2f} GiB)"
         )
     return "\n".join(lines)
+
+
+def _parameters(plan: Plan) -> str:
+    """ " (30.53B parameters, 3.34B active)" for a mixture of experts; "" for a dense model."""
+    if not plan.parameters or plan.active_parameters == plan.parameters:
+        return ""
+    return f" ({plan.parameters / 1e9:.2f}B parameters, {plan.active_parameters / 1e9:.2f}B active)"
 
 
 def to_json(plan: Plan, suggestions: list[Suggestion] | None = None) -> str:

@@ -99,7 +99,7 @@ from hybrid.planner.reserve import (
     Reserve,
     cuda_reserve,
 )
-from hybrid.planner.sizes import WorkerSizes
+from hybrid.planner.sizes import WorkerSizes, gather_peak
 from hybrid.planner.teacher_sizes import TeacherSizes, teacher_of, with_teacher_phases
 
 if TYPE_CHECKING:
@@ -169,6 +169,11 @@ class Plan:
     teacher: str | None = None
     """The distillation teacher's shape (its directory or preset) when counted; None without
     distillation or when its config.json did not load (then a warning says so)."""
+    parameters: int = 0
+    """The actor's parameters."""
+    active_parameters: int = 0
+    """Those one token computes with (a mixture of experts: the top-k experts of each MoE
+    layer; a dense model: all)."""
 
     @property
     def margin_gib(self) -> float:
@@ -352,6 +357,7 @@ def plan_memory(
             f"per engine: about {kv_tokens // w.seq} of {seqs} sequences run at once, the rest "
             "queue"
         )
+    notes += _expert_notes(w, shape)
     margin = budget - phases[peak_phase].peak_gib
     return Plan(
         model=shape.name,
@@ -388,7 +394,26 @@ def plan_memory(
             *([teacher_unread] if teacher_unread else []),
         ),
         teacher=None if teacher is None else teacher.shape.name,
+        parameters=shape.num_params,
+        active_parameters=shape.active_params,
     )
+
+
+def _expert_notes(w: WorkerSizes, shape: ModelShape) -> list[str]:
+    """How a mixture of experts' experts are sharded and gathered (none for a dense model)."""
+    if not shape.num_experts:
+        return []
+    world, experts = w.config.trainer.training_workers, shape.num_experts
+    sync = w.config.sync
+    gathered = gather_peak(shape, sync.gather, sync.bucket_mb << 20) * w.engine_bytes
+    return [
+        f"mixture of experts: {shape.num_moe_layers} MoE layers x {experts} experts, top-"
+        f"{shape.experts_per_token}; {shape.active_params / 1e9:.2f}B of "
+        f"{shape.num_params / 1e9:.2f}B parameters active per token",
+        f"experts: FSDP2 shards each stacked expert tensor by expert, {-(-experts // world)} "
+        f"of {experts} per rank; the sync (sync.gather={sync.gather}) gathers at most "
+        f"{gathered / GIB:.2f} GiB at once (a layer's experts together)",
+    ]
 
 
 def _check_node(gpu_memory_gib: float, gpu: str, host_memory_gib: float | None) -> None:

@@ -1,0 +1,73 @@
+"""The planner on a mixture of experts: the Qwen3-30B-A3B preset's parameters, total and active,
+counted by hand; per-token widths of the routed experts; the 8-GPU preset's plan (fits on 80 GB
+with vLLM TP 2, not with TP 4; TP 4 on an H200), its expert notes and JSON; a tiny MoE model
+directory gives its preset's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybrid.memory.model_shape import model_shape
+from hybrid.planner.format import format_plan, to_json
+from hybrid.planner.plan import Plan, plan_memory
+from profiling.plan import compose_config
+
+pytestmark = pytest.mark.unit
+
+PRESET = "qwen3_30b_a3b_gsm8k_8gpu"
+# Qwen3-30B-A3B: hidden, layers, q width (32 heads x 128), kv width (4 x 128), head dim,
+# experts, top-k, expert width, vocabulary.
+H, L, Q, KV, D, E, K, W, V = 2048, 48, 32 * 128, 4 * 128, 128, 128, 8, 768, 151936
+
+
+def plan(*overrides: str, gib: float = 80.0, gpu: str = "h100") -> Plan:
+    config = compose_config(PRESET, list(overrides))
+    return plan_memory(config, model_shape("Qwen3-30B-A3B"), gib, gpu=gpu)
+
+
+def test_the_preset_counts_total_and_active_parameters_by_hand() -> None:
+    attention = H * Q + 2 * H * KV + Q * H + 2 * D  # q, k, v, o; q_norm, k_norm
+    experts = E * (2 * W * H + H * W)  # gate_up [E, 2W, H], down [E, H, W]
+    layer = attention + H * E + experts + 2 * H  # the router, the two norms
+    total = 2 * V * H + L * layer + H  # untied embedding and LM head, final norm
+    shape = model_shape("Qwen3-30B-A3B")
+    assert shape.num_params == total
+    assert shape.expert_params == L * experts
+    assert shape.active_params == total - L * experts * (E - K) // E
+    assert (shape.num_moe_layers, shape.num_experts, shape.experts_per_token) == (L, E, K)
+    assert 30.4e9 < total < 30.6e9 and 3.2e9 < shape.active_params < 3.4e9  # "30.5B, 3.3B"
+    # A token's MLP runs through top-k experts of width W side by side.
+    assert shape.intermediate_size == K * W
+    dense = model_shape("Qwen2.5-7B")
+    assert dense.active_params == dense.num_params and dense.expert_params == 0
+
+
+def test_the_8_gpu_preset_fits_on_80_gb_with_tp_2_and_says_how_experts_are_held() -> None:
+    fits = plan()
+    assert fits.fits and fits.peak_phase == "update/optimizer_step", fits.problems
+    assert (fits.parameters, fits.active_parameters) == (
+        model_shape("Qwen3-30B-A3B").num_params,
+        model_shape("Qwen3-30B-A3B").active_params,
+    )
+    text = format_plan(fits)
+    assert "(30.53B parameters, 3.35B active)" in text.splitlines()[0]
+    assert "16 of 128 per rank" in text and "48 MoE layers x 128 experts, top-8" in text
+    data = json.loads(to_json(fits))["plan"]
+    assert data["active_parameters"] == fits.active_parameters
+    # TP 4 adds two NCCL communicators to the reserve: no longer under 80 GB ...
+    assert not plan("rollout.tensor_parallel_size=4").fits
+    # ... but well under an H200's 141 GB.
+    assert plan("rollout.tensor_parallel_size=4", gib=141.0, gpu="h200").margin_gib > 40
+
+
+def test_a_tiny_moe_directory_gives_its_preset_s_shape(tmp_path: Path) -> None:
+    from hybrid.models import TinyModelConfig, build_tiny_model
+
+    directory = build_tiny_model(tmp_path / "moe", TinyModelConfig.preset("tiny-moe"))
+    from_dir, preset = model_shape(str(directory)), model_shape("tiny-moe")
+    assert from_dir.params == preset.params
+    assert (from_dir.num_experts, from_dir.experts_per_token, from_dir.num_moe_layers) == (4, 2, 1)
+    assert from_dir.active_params == from_dir.num_params - from_dir.expert_params // 2
