@@ -277,7 +277,7 @@ def test_lora_trains_in_the_decoupled_modes(
     assert (out / "lora_adapter" / "adapter_config.json").is_file()
 
 
-@pytest.mark.full  # the critic on a decoupled mode by default: the split test above
+@pytest.mark.full  # by default PPO runs colocated in test_ppo.py
 def test_ppo_with_a_critic_fully_async(ray_cluster: None, assets: Path, tmp_path: Path) -> None:
     """The critic trains on every update the trainer takes; the actor after its warm-up."""
     out = tmp_path / "run"

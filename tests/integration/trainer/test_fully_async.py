@@ -120,14 +120,14 @@ def staleness_run(
     return metrics, record
 
 
-@pytest.mark.full  # by default on the toy engine: test_driver_matrix.py
+@pytest.mark.full  # by default the twenty-syncs run below checks the same bounds
 def test_staleness_stays_bounded_with_a_fast_rollouter(assets: Path, tmp_path: Path) -> None:
     metrics, _ = staleness_run(assets, tmp_path / "run", *FAST_ROLLOUTER)
     # Generation outpaces the update: the Rollouter waits at its budget, the trainer rarely.
     assert statistics.mean(m["rollouter/idle_ratio"] for m in metrics[1:]) > 0.2
 
 
-@pytest.mark.full  # by default on the toy engine: test_driver_matrix.py
+@pytest.mark.full  # by default the twenty-syncs run below checks the same bounds
 def test_staleness_stays_bounded_with_a_slow_rollouter(assets: Path, tmp_path: Path) -> None:
     """The seed's failure mode: the Rollouter slower than the trainer. The run finishes, the
     trainer waits for a large part of every step (the queue is empty when it asks: synchronous

@@ -148,7 +148,7 @@ def test_the_memory_report_accounts_for_the_steady_states(first_run: tuple) -> N
     assert (out / "memory_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.full  # by default a resume runs in test_multi_node.py (two nodes, resumed on one)
+@pytest.mark.full  # by default a run resumes in test_sft.py (across the SFT boundary) and test_fsdp.py
 def test_a_resumed_run_reproduces_the_uninterrupted_one(
     ray_cluster: None, assets: Path, tmp_path: Path
 ) -> None:

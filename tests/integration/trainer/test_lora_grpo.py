@@ -176,7 +176,7 @@ def test_lora_run_with_an_fp16_engine_takes_the_direct_sync_where_weights_are_pl
     assert metrics[1]["sync/tensors"] == ADAPTER_TENSORS
 
 
-@pytest.mark.full  # resume runs by default in test_grpo_e2e.py and test_multi_node.py
+@pytest.mark.full  # by default a run resumes in test_sft.py (and test_fsdp.py bit for bit)
 def test_a_resumed_lora_run_reproduces_the_uninterrupted_one(
     lora_run: tuple[Path, Path], tmp_path: Path
 ) -> None:

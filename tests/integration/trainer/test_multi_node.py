@@ -171,7 +171,7 @@ def test_three_hsdp_steps_on_two_nodes_match_one_node(
     assert_same_training(metrics, single_node_run, steps=3)
 
 
-@pytest.mark.full  # by default a resume runs in test_ppo.py and test_checkpoint_recovery.py
+@pytest.mark.full  # by default a run resumes in test_sft.py (and test_fsdp.py bit for bit)
 def test_a_two_node_hsdp_checkpoint_resumes_on_one_node(
     assets: Path, two_node_run: tuple[Path, str, list[dict]], tmp_path: Path
 ) -> None:

@@ -116,7 +116,7 @@ def test_ppo_warms_the_critic_up_and_exports_both_models(ppo_run: tuple[Path, li
     assert (out / "hf_model" / "model.safetensors").is_file()
 
 
-@pytest.mark.full  # by default a resume runs in test_checkpoint_recovery.py (and test_fsdp.py)
+@pytest.mark.full  # by default a run resumes in test_sft.py (and test_fsdp.py bit for bit)
 def test_a_ppo_run_resumes_exactly(
     assets: Path, ppo_run: tuple[Path, list[dict]], tmp_path: Path
 ) -> None:

@@ -213,7 +213,7 @@ def test_three_transports_give_identical_engine_weights(on_policy_runs: OnPolicy
 PPO = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "trainer.critic_warmup=1")
 
 
-@pytest.mark.full  # by default on the toy engine: test_driver_matrix.py
+@pytest.mark.full  # by default PPO runs colocated in test_ppo.py
 def test_ppo_with_validation_on_the_explorers(assets: Path, tmp_path: Path) -> None:
     """With validation before training: the explorers load version 0 before it runs (a
     validation on the engine's dummy weights would raise). PPO with a critic: the critic
