@@ -185,7 +185,7 @@ def test_staleness_stays_bounded_in_every_cell(
     staleness_run(assets, tmp_path / "run", *cell)
 
 
-@pytest.mark.full  # the critic on split is in the default run (test_split.py::test_split_cell)
+@pytest.mark.full  # by default PPO runs colocated in test_ppo.py
 def test_ppo_with_a_critic_trains_each_update(assets: Path, tmp_path: Path) -> None:
     """PPO with the critic on the trainer group, fully async: every update (one of two groups
     per version here) trains the critic, the actor from step 2 on (one warm-up step), with the KL
