@@ -58,10 +58,13 @@ def assert_engine_stream(got: list[tuple[str, torch.Tensor]]) -> None:
 
 @ray.remote(num_cpus=1)
 class End:
-    """One worker's end of a transport (a trainer or an explorer rank)."""
+    """One worker's end of a transport (a trainer or an explorer rank); `use` gives it one,
+    so that the module's tests share four processes instead of starting seven."""
 
-    def __init__(self, method: str, side: Side) -> None:
+    def __init__(self) -> None:
         torch.set_num_threads(1)
+
+    def use(self, method: str, side: Side) -> None:
         cpu = torch.device("cpu")
         self.transport: WeightTransport = (
             MemoryTransport(BUCKET_BYTES, checksums=True, cast_to=CAST_TO)
@@ -87,6 +90,21 @@ class End:
         self.transport.close()
 
 
+@pytest.fixture(scope="module")
+def ends() -> Iterator[list[Any]]:
+    actors = [End.remote() for _ in range(4)]  # type: ignore[attr-defined]
+    yield actors
+    for actor in actors:
+        ray.kill(actor)
+
+
+def take(ends: list[Any], method: str, *sides: Side) -> list[Any]:
+    """The first len(sides) shared ends, each given a fresh transport of `method`."""
+    chosen = ends[: len(sides)]
+    ray.get([end.use.remote(method, side) for end, side in zip(chosen, sides, strict=True)])
+    return chosen
+
+
 @pytest.fixture
 def synchronizer() -> Iterator[Any]:
     actor = SynchronizerActor.remote("memory", None, 2)
@@ -95,25 +113,22 @@ def synchronizer() -> Iterator[Any]:
 
 
 def test_memory_publishes_into_the_store_and_receivers_read_the_announced_refs(
-    synchronizer: Any,
+    synchronizer: Any, ends: list[Any]
 ) -> None:
-    publisher = End.remote("memory", "publisher")  # type: ignore[attr-defined]
-    receivers = [End.remote("memory", "receiver") for _ in range(2)]  # type: ignore[attr-defined]
-    try:
-        returned = ray.get(publisher.publish.remote(3, synchronizer))
-        newest, payload = ray.get(synchronizer.newest.remote())
-        assert newest == 3 and len(payload) == len(returned) > 1
-        for got in ray.get([r.receive.remote(3, payload) for r in receivers]):
-            assert_engine_stream(got)
-    finally:
-        for actor in (publisher, *receivers):
-            ray.kill(actor)
+    publisher, *receivers = take(ends, "memory", "publisher", "receiver", "receiver")
+    returned = ray.get(publisher.publish.remote(3, synchronizer))
+    newest, payload = ray.get(synchronizer.newest.remote())
+    assert newest == 3 and len(payload) == len(returned) > 1
+    for got in ray.get([r.receive.remote(3, payload) for r in receivers]):
+        assert_engine_stream(got)
 
 
-def test_a_broadcast_reaches_every_receiver_while_it_is_sent(synchronizer: Any) -> None:
-    sender = End.remote("nccl", "publisher")  # type: ignore[attr-defined]
-    other_trainer_rank = End.remote("nccl", "publisher")  # type: ignore[attr-defined]
-    receivers = [End.remote("nccl", "receiver") for _ in range(2)]  # type: ignore[attr-defined]
+def test_a_broadcast_reaches_every_receiver_while_it_is_sent(
+    synchronizer: Any, ends: list[Any]
+) -> None:
+    sender, other_trainer_rank, *receivers = take(
+        ends, "nccl", "publisher", "publisher", "receiver", "receiver"
+    )
     port, world = free_port(HOST), 1 + len(receivers)
     try:
         ray.get(
@@ -131,6 +146,4 @@ def test_a_broadcast_reaches_every_receiver_while_it_is_sent(synchronizer: Any) 
                 assert_engine_stream(got)
             assert ray.get(synchronizer.newest.remote()) == (version, None)
     finally:
-        for actor in (sender, other_trainer_rank, *receivers):
-            ray.get(actor.close.remote())
-            ray.kill(actor)
+        ray.get([actor.close.remote() for actor in (sender, other_trainer_rank, *receivers)])

@@ -34,7 +34,7 @@ def _train_batch(views: dict, model_dir: Path) -> Batch:
     return rollout.union(Batch.from_dict({"old_log_probs": old, "advantages": advantages}))
 
 
-@pytest.mark.full  # exact resumes run by default end to end (test_multi_node.py, test_ppo.py)
+@pytest.mark.full  # exact resumes run by default in test_fsdp.py and end to end in test_sft.py
 def test_checkpoint_reproduces_the_next_update_on_fresh_workers(
     ray_cluster: None, tmp_path: Path
 ) -> None:
