@@ -12,8 +12,11 @@ family's adapter:
     check and its reads);
   - `combine(module_key, tensors)`: the module tensor from them;
   - `to_checkpoint(named_tensors)`: module tensors back in checkpoint layout (the HF export).
+  - `experts_to_checkpoint(module_key, rows, experts)`: some experts of a stacked tensor under
+    their checkpoint names (a sync with `sync.gather=bucket` gathers experts a bucket at a time).
 Dense families are the identity. vLLM 0.32 takes the stacked expert tensors under their module
-names, so the weight sync streams the module's layout.
+names, and per-expert ones under their checkpoint names (in any order), so the weight sync
+streams the module's layout, or per-expert tensors when it gathers experts in byte buckets.
 
 A checkpoint already in module layout (saved with `save_original_format=False`) plans as the
 identity too: only per-expert keys are stacked.
@@ -57,6 +60,17 @@ class StateDictAdapter:
         the layout allows: nothing is copied here)."""
         yield from named
 
+    def stacks_experts(self, module_key: str) -> bool:
+        """Whether the module tensor `module_key` holds a layer's experts stacked on dim 0."""
+        return False
+
+    def experts_to_checkpoint(
+        self, module_key: str, rows: torch.Tensor, experts: Iterable[int]
+    ) -> Iterator[NamedTensor]:
+        """Some experts of a stacked module tensor (`rows[i]` is expert `experts[i]`) under
+        their checkpoint names: what a sync that gathers experts in byte buckets sends."""
+        raise ValueError(f"{module_key} holds no stacked experts ({self.family} family)")
+
 
 class StackedExperts(StateDictAdapter):
     """Per-expert projections in the checkpoint, stacked per layer in the module."""
@@ -91,18 +105,27 @@ class StackedExperts(StateDictAdapter):
 
     def to_checkpoint(self, named: Iterable[NamedTensor]) -> Iterator[NamedTensor]:
         for key, tensor in named:
-            if key.endswith(".experts" + _GATE_UP) and tensor.dim() == 3:
-                prefix = key.removesuffix(_GATE_UP)
-                gate, up = tensor.chunk(2, dim=1)
-                for expert in range(tensor.shape[0]):
-                    yield f"{prefix}.{expert}.gate_proj.weight", gate[expert]
-                    yield f"{prefix}.{expert}.up_proj.weight", up[expert]
-            elif key.endswith(".experts" + _DOWN) and tensor.dim() == 3:
-                prefix = key.removesuffix(_DOWN)
-                for expert in range(tensor.shape[0]):
-                    yield f"{prefix}.{expert}.down_proj.weight", tensor[expert]
+            if self.stacks_experts(key) and tensor.dim() == 3:
+                yield from self.experts_to_checkpoint(key, tensor, range(tensor.shape[0]))
             else:
                 yield key, tensor
+
+    def stacks_experts(self, module_key: str) -> bool:
+        return module_key.endswith((".experts" + _GATE_UP, ".experts" + _DOWN))
+
+    def experts_to_checkpoint(
+        self, module_key: str, rows: torch.Tensor, experts: Iterable[int]
+    ) -> Iterator[NamedTensor]:
+        if module_key.endswith(_GATE_UP):
+            prefix = module_key.removesuffix(_GATE_UP)
+            gate, up = rows.chunk(2, dim=1)
+            for index, expert in enumerate(experts):
+                yield f"{prefix}.{expert}.gate_proj.weight", gate[index]
+                yield f"{prefix}.{expert}.up_proj.weight", up[index]
+        else:
+            prefix = module_key.removesuffix(_DOWN)
+            for index, expert in enumerate(experts):
+                yield f"{prefix}.{expert}.down_proj.weight", rows[index]
 
 
 def _expert_count(prefix: str, projections: dict[str, dict[int, str]]) -> int:

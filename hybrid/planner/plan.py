@@ -412,7 +412,12 @@ def _expert_notes(w: WorkerSizes, shape: ModelShape) -> list[str]:
         f"{shape.num_params / 1e9:.2f}B parameters active per token",
         f"experts: FSDP2 shards each stacked expert tensor by expert, {-(-experts // world)} "
         f"of {experts} per rank; the sync (sync.gather={sync.gather}) gathers at most "
-        f"{gathered / GIB:.2f} GiB at once (a layer's experts together)",
+        f"{gathered / GIB:.2f} GiB at once ("
+        + (
+            "a bucket of experts under their checkpoint names)"
+            if sync.gather == "bucket"
+            else "a layer's experts together; sync.gather=bucket: a bucket of experts)"
+        ),
     ]
 
 

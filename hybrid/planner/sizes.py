@@ -372,6 +372,19 @@ def gather_peak(shape: ModelShape, mode: str, bucket_bytes: int) -> int:
     `group_parameters` on meta tensors (bf16, like the sync)."""
     from hybrid.sharding.gather import group_parameters
 
-    named = [(name, torch.empty(dims, device="meta")) for name, dims in shape.params]
+    params = shape.params
+    if mode == "bucket" and shape.num_experts:
+        # The stacked experts go a bucket of experts at a time (hybrid.sharding.full_weights.
+        # expert_buckets; at least one expert of each rank, which this leaves out).
+        params = tuple(
+            piece
+            for name, dims in shape.params
+            for piece in (
+                [(f"{name}.{e}", dims[1:]) for e in range(dims[0])]
+                if ".mlp.experts." in name and dims and dims[0] == shape.num_experts
+                else [(name, dims)]
+            )
+        )
+    named = [(name, torch.empty(dims, device="meta")) for name, dims in params]
     groups = group_parameters(named, mode, bucket_bytes, torch.bfloat16)  # type: ignore[arg-type]
     return max(sum(t.numel() for _, t in group) for group in groups)

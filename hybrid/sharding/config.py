@@ -20,7 +20,8 @@ from hybrid.validation import check_choice, check_positive, check_timeout
 class WeightPathConfig:
     gather: Literal["full", "tensor", "layer", "bucket"] = "layer"
     """Gather granularity: the whole model, one parameter, one decoder layer (layered summon;
-    consecutive layers smaller than bucket_mb go together) or a byte bucket."""
+    consecutive layers smaller than bucket_mb go together) or a byte bucket (a mixture of
+    experts' stacked experts too, a bucket of experts at a time, docs/moe.md)."""
     bucket_mb: int = 64
     """Bucket size for gather="bucket", and what small layers fill together for "layer"."""
     strategy: Literal["auto", "reload", "direct"] = "auto"

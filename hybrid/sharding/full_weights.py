@@ -13,8 +13,14 @@ from collections.abc import Iterator
 
 import torch
 
+from hybrid.models.state_dict import StateDictAdapter, adapter_for
 from hybrid.sharding.config import WeightPathConfig
-from hybrid.sharding.gather import iter_full_parameters
+from hybrid.sharding.gather import (
+    gather_group,
+    group_parameters,
+    iter_full_parameters,
+    iter_row_slices,
+)
 from hybrid.sharding.lora_sync import GroupDone, LoraSync
 
 
@@ -30,9 +36,63 @@ def full_weights(
     themselves); `on_group_done` hears about each gathered group (the memory ledger)."""
     bucket = sync.bucket_mb << 20
     if lora is None:
-        return iter_full_parameters(
-            actor, sync.gather, dtype, bucket, on_group_done=on_group_done
-        )
+        if sync.gather == "bucket":  # a mixture of experts' experts by bytes, not by layer
+            adapter = adapter_for(getattr(actor, "config", None))
+            named: list[tuple[str, torch.Tensor]] = list(actor.named_parameters())
+            if any(adapter.stacks_experts(name) for name, _ in named):
+                return expert_buckets(named, adapter, dtype, bucket, on_group_done)
+        return iter_full_parameters(actor, sync.gather, dtype, bucket, on_group_done=on_group_done)
     if merge_lora:
         return lora.iter_merged(sync.layered_summon, on_group_done)
     return lora.iter_base(sync.gather, bucket, on_group_done)
+
+
+def expert_buckets(
+    named: list[tuple[str, torch.Tensor]],
+    adapter: StateDictAdapter,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    on_group_done: GroupDone | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`sync.gather=bucket` for a mixture of experts: the stacked expert tensors gathered a
+    bucket of experts at a time (hybrid.sharding.gather.iter_row_slices) and sent under their
+    per-expert checkpoint names, which vLLM's loaders take in any order; every other tensor
+    in byte buckets as for a dense model. The largest group alive is one bucket (or one
+    expert of every rank), not a layer's experts."""
+    index = 0
+    dense: list[tuple[str, torch.Tensor]] = []
+
+    def flush() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal index
+        if not dense:
+            return
+        groups = group_parameters(dense, "bucket", bucket_bytes, dtype)
+        for group in groups:
+            yield from _handed_over(gather_group(group, dtype), index, on_group_done)
+            index += 1
+        dense.clear()
+
+    for name, param in named:
+        if not adapter.stacks_experts(name):
+            dense.append((name, param))
+            continue
+        yield from flush()
+        for experts, rows in iter_row_slices(param, dtype, bucket_bytes):
+            pieces = list(adapter.experts_to_checkpoint(name, rows, experts))
+            del rows
+            yield from _handed_over(pieces, index, on_group_done)
+            index += 1
+    yield from flush()
+
+
+def _handed_over(
+    tensors: list[tuple[str, torch.Tensor]], index: int, on_group_done: GroupDone | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One group's tensors to the consumer, each forgotten once handed over; then the group's
+    boundary (`on_group_done(index, bytes)`)."""
+    full_bytes = sum(t.nbytes for _, t in tensors)
+    tensors.reverse()
+    while tensors:
+        yield tensors.pop()
+    if on_group_done is not None:
+        on_group_done(index, full_bytes)

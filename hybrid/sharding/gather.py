@@ -257,3 +257,40 @@ def iter_full_tensors(
             yield gathered.pop()
         if on_group_done is not None:
             on_group_done(index, full_bytes)
+
+
+def iter_row_slices(
+    param: torch.Tensor, dtype: torch.dtype, bucket_bytes: int
+) -> Iterator[tuple[list[int], torch.Tensor]]:
+    """A dim-0 sharded parameter gathered a few rows of every rank's shard at a time, about
+    `bucket_bytes` per round (at least one row of each rank): (the global indices of the rows,
+    the rows), with every row exactly once. For a stacked expert tensor a row is an expert, so
+    the whole tensor never exists at once. The same all-gather as `full_parameter`, on a slice
+    of each rank's padded shard: rank r's local row j is global row r * c + j (FSDP2 chunks
+    dim 0 into c = ceil(rows / world) rows a rank)."""
+    rows = param.shape[0]
+    row_bytes = param[0].numel() * dtype.itemsize if rows else 0
+    sharding = dim0_shard_group(param)
+    world = 1 if sharding is None else sharding[1]
+    per_round = max(1, bucket_bytes // max(world * row_bytes, 1))
+    if sharding is None or world == 1:
+        full = full_parameter(param, dtype)
+        for start in range(0, rows, per_round):
+            stop = min(start + per_round, rows)
+            yield list(range(start, stop)), full[start:stop]
+        return
+    group, _ = sharding
+    chunk = -(-rows // world)
+    local = param.to_local().detach()  # type: ignore[attr-defined]
+    transport = _TRANSPORT_DTYPE.get(dtype, dtype) if local.device.type == "cpu" else dtype
+    for start in range(0, chunk, per_round):
+        take = min(per_round, chunk - start)
+        piece = local[start : start + take].to(dtype)
+        if piece.shape[0] < take:  # this rank holds fewer rows (the tail of torch.chunk)
+            pad = piece.new_zeros((take - piece.shape[0], *piece.shape[1:]))
+            piece = torch.cat([piece, pad])
+        gathered = piece.new_empty((world * take, *param.shape[1:]))
+        all_gather_single(gathered.view(transport), piece.contiguous().view(transport), group=group)
+        index = [r * chunk + start + i for r in range(world) for i in range(take)]
+        kept = [i for i, row in enumerate(index) if row < rows]
+        yield [index[i] for i in kept], gathered[kept] if len(kept) < len(index) else gathered

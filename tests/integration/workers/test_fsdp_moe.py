@@ -17,10 +17,14 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.config import MOE_ARCHITECTURES
+from hybrid.models.state_dict import adapter_for
+from hybrid.sharding.full_weights import expert_buckets
+from hybrid.sharding.gather import iter_full_parameters, iter_row_slices
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
 from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB, _spawn
@@ -58,6 +62,13 @@ def _check_family(rank: int, mesh: DeviceMesh, model_dir: Path, export_dir: Path
     }
     clip_and_step(model, optimizer, 1.0)
     exported = export_hf_model(model, model_dir, export_dir)
+    # The sync's two streams of the same weights: a layer's experts stacked, and experts a
+    # bucket at a time under their checkpoint names (one expert of each rank per bucket here).
+    by_layer = dict(
+        adapter_for(model.config).to_checkpoint(iter_full_parameters(model, "layer", fp32))
+    )
+    named = list(model.named_parameters())
+    bucketed = list(expert_buckets(named, adapter_for(model.config), fp32, bucket_bytes=1))
     full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     return {
         "logprob_diff": diff,
@@ -66,11 +77,33 @@ def _check_family(rank: int, mesh: DeviceMesh, model_dir: Path, export_dir: Path
         "grads": grads,
         "exported": exported,
         "params_after_step": full,
+        "bucketed_matches": [n for n, t in bucketed if torch.equal(t, by_layer[n])],
+        "bucketed_names": [n for n, _ in bucketed],
+        "by_layer_names": sorted(by_layer),
     }
 
 
+def _uneven_row_slices(mesh: DeviceMesh) -> list[bool]:
+    """5 rows over 2 ranks (3 and 2: the tail pads), gathered 1 and 2 rows a rank a round:
+    every row once, each equal to the full tensor's."""
+    full = torch.arange(5 * 3, dtype=torch.float32).view(5, 3)
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    checks = []
+    for rows_per_rank in (1, 2):
+        seen: dict[int, torch.Tensor] = {}
+        bucket = rows_per_rank * 2 * 3 * 4  # two ranks' rows of 3 fp32 values
+        for ids, rows in iter_row_slices(sharded, torch.float32, bucket):
+            seen.update(zip(ids, rows, strict=True))
+        checks.append(sorted(seen) == list(range(5)))
+        checks.append(all(torch.equal(seen[i], full[i]) for i in range(5)))
+    return checks
+
+
 def _moe_run(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], out: Path) -> dict[str, Any]:
-    return {name: _check_family(rank, mesh, d, out / f"export_{name}") for name, d in dirs.items()}
+    families = {
+        name: _check_family(rank, mesh, d, out / f"export_{name}") for name, d in dirs.items()
+    }
+    return {**families, "uneven_row_slices": _uneven_row_slices(mesh)}
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +160,18 @@ def test_the_export_is_in_hub_layout_and_loads_in_transformers(
     for name, tensor in trained.items():
         # The export is bf16: the trained fp32 weights rounded once.
         assert torch.equal(state[name], tensor.to(torch.bfloat16).float()), name
+
+
+@pytest.mark.parametrize("family", MOE_ARCHITECTURES)
+def test_bucketed_experts_stream_the_same_weights_as_the_layer_gather(
+    moe_run: tuple[list[dict[str, Any]], dict], family: str
+) -> None:
+    """sync.gather=bucket sends each expert under its checkpoint name, bit for bit what the
+    layer gather's stacked tensors hold, every tensor once, on every rank."""
+    for result in moe_run[0]:
+        checked = result[family]
+        names = checked["bucketed_names"]
+        assert sorted(names) == checked["by_layer_names"] and len(set(names)) == len(names)
+        assert "model.layers.1.mlp.experts.3.gate_proj.weight" in names
+        assert len(checked["bucketed_matches"]) == len(names)
+        assert all(result["uneven_row_slices"])

@@ -71,3 +71,14 @@ def test_a_tiny_moe_directory_gives_its_preset_s_shape(tmp_path: Path) -> None:
     assert from_dir.params == preset.params
     assert (from_dir.num_experts, from_dir.experts_per_token, from_dir.num_moe_layers) == (4, 2, 1)
     assert from_dir.active_params == from_dir.num_params - from_dir.expert_params // 2
+
+
+def test_bucketed_experts_lower_the_sync_s_largest_gather_to_the_embedding() -> None:
+    from hybrid.planner.sizes import gather_peak
+
+    shape = model_shape("Qwen3-30B-A3B")
+    layer = gather_peak(shape, "layer", 64 << 20)
+    bucket = gather_peak(shape, "bucket", 64 << 20)
+    assert layer >= E * 3 * W * H  # a layer's experts together
+    assert bucket == V * H  # the largest tensor left: the embedding (or the LM head)
+    assert "a bucket of experts" in format_plan(plan("sync.gather=bucket"))
