@@ -173,7 +173,7 @@ def test_a_replay_without_the_record_is_named(moe: torch.nn.Module) -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"router_replay": "rollout"}, "CUDA model runner"),
+        ({"router_replay": "rollout"}, "V2 model runner, which needs Triton"),
         ({"router_replay": "r2"}, "actor.router_replay must be one of"),
         ({"moe_aux_loss_coef": -1.0}, "actor.moe_aux_loss_coef must be >= 0"),
     ],
