@@ -28,6 +28,7 @@ from hybrid.memory.components import (
 )
 from hybrid.memory.ledger import process_ledger
 from hybrid.memory.records import MemoryRecord
+from hybrid.models.routers import find_routers
 from hybrid.sharding.lora_files import write_adapter
 from hybrid.sharding.lora_sync import LoraSync, adapter_directory
 from hybrid.sharding.offload import Offloader
@@ -39,7 +40,7 @@ from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.lora import adapter_spec, adapters_disabled
 from hybrid.workers.parallel import ParallelState, init_parallel
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting, find_routers
+from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
 
 

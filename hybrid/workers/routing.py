@@ -17,7 +17,6 @@ the bookkeeping (records, counts) is kept from the first call per layer.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,49 +33,11 @@ from hybrid.algorithms.moe_routing import (
     routing_differs,
 )
 from hybrid.data import Batch
+from hybrid.models.routers import Router, experts_dtype
 from hybrid.workers.packing import token_positions
 
 ROUTED_EXPERTS = "routed_experts"
 """The batch key of the old-log-prob pass's routing: (b, S, L, k), uint8 up to 256 experts."""
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-@dataclass(frozen=True)
-class Router:
-    layer: int
-    """The decoder layer's index in the model."""
-    module: nn.Module
-    num_experts: int
-    top_k: int
-    normalise: bool
-    """The family's norm_topk_prob: scores renormalised over the chosen experts."""
-
-
-_ROUTER_FIELDS = ("num_experts", "top_k", "norm_topk_prob")
-
-
-def find_routers(model: nn.Module) -> list[Router]:
-    """The model's MoE routers in layer order ([] for a dense model): every sparse block's
-    `gate` that carries `top_k` and `num_experts` (transformers 5's TopKRouter of Qwen3-MoE and
-    Qwen2-MoE)."""
-    routers = []
-    for name, module in model.named_modules():
-        gate = getattr(module, "gate", None)
-        if not isinstance(gate, nn.Module) or not hasattr(module, "experts"):
-            continue
-        if not all(hasattr(gate, f) for f in _ROUTER_FIELDS):
-            continue
-        found = _LAYER.search(name + ".")
-        if found is None:
-            raise ValueError(f"the MoE router {name}.gate sits in no model.layers.N")
-        experts, top_k, normalise = (getattr(gate, f) for f in _ROUTER_FIELDS)
-        routers.append(Router(int(found.group(1)), gate, int(experts), int(top_k), bool(normalise)))
-    return sorted(routers, key=lambda r: r.layer)
-
-
-def experts_dtype(num_experts: int) -> torch.dtype:
-    return torch.uint8 if num_experts <= 256 else torch.int16
 
 
 @dataclass

@@ -21,10 +21,11 @@ from hybrid.algorithms.moe_routing import (
 )
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.models.routers import find_routers
 from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting, find_routers
+from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting
 from tests.unit.workers.test_policy import _batch
 
 pytestmark = pytest.mark.unit
