@@ -39,6 +39,13 @@ from hybrid.data.batch import Batch
 
 NO_VERSION = -1
 """`versions` value on padding positions and on context tokens (no weights sampled them)."""
+ROUTED_EXPERTS = "routed_experts"
+"""The batch key of a mixture of experts' routing: (b, P + R, MoE layers, top-k) expert
+indices per token in the padded layout, from the engine (actor.router_replay=rollout) or from
+the old-log-prob pass (measure, record)."""
+ROUTED_EXPERTS_KNOWN = "routed_experts_known"
+"""(b, P + R) 1 where ROUTED_EXPERTS holds a choice: the engine never runs the last sampled
+token through the model, so it has none (nor has padding)."""
 
 
 class SampleStatus(Enum):
@@ -79,6 +86,10 @@ class Sample:
     agent_stats: dict[str, float] | None = None
     """What the agent loop counted for this trajectory (turns, tool calls, errors by kind,
     tool seconds, context tokens, truncation): hybrid.rollout.agent.stats."""
+    routed_experts: torch.Tensor | None = None
+    """(tokens, MoE layers, top-k): the experts the engine chose for the prompt and response
+    tokens it ran through the model, in order (all but the last response token), from the
+    request that finished the sample; None unless the engine was asked for them."""
 
     @property
     def response_length(self) -> int:
@@ -195,6 +206,9 @@ def samples_to_batch(
         "response_text": [s.text for s in samples],
         "reward": [s.reward for s in samples],
     }
+    routing = [s.routed_experts for s in samples]
+    if any(r is not None for r in routing):
+        tensors.update(_routing_columns(samples, width, response_length))
     if agent:
         rewards = torch.tensor(env_reward_rows, dtype=torch.float32)
         tensors["env_rewards"] = rewards.view(len(samples), response_length)
@@ -204,6 +218,31 @@ def samples_to_batch(
             raise ValueError(f"metadata key {key!r} collides with a batch column of that name")
         non_tensors[key] = [s.metadata[key] for s in samples]
     return Batch.from_dict(tensors, non_tensors)
+
+
+def _routing_columns(
+    samples: Sequence[Sample], width: int, response_length: int
+) -> dict[str, torch.Tensor]:
+    """ROUTED_EXPERTS and ROUTED_EXPERTS_KNOWN of the padded rows: each sample's routing at
+    its tokens' columns (the prompt ends at `width`, the response starts there)."""
+    first = next(r for r in (s.routed_experts for s in samples) if r is not None)
+    shape = (len(samples), width + response_length, *first.shape[1:])
+    experts = torch.zeros(shape, dtype=first.dtype)
+    known = torch.zeros(shape[:2], dtype=torch.long)
+    for row, sample in enumerate(samples):
+        routing = sample.routed_experts
+        p = len(sample.prompt_ids)
+        tokens = p + sample.response_length
+        if routing is None or routing.shape[1:] != first.shape[1:] or len(routing) > tokens:
+            got = None if routing is None else tuple(routing.shape)
+            raise ValueError(
+                f"sample {sample.uid}#{sample.index}: routed_experts {got} does not fit its "
+                f"{tokens} tokens x {tuple(first.shape[1:])} (layers, top-k) of the batch"
+            )
+        start = width - p
+        experts[row, start : start + len(routing)] = routing
+        known[row, start : start + len(routing)] = 1
+    return {ROUTED_EXPERTS: experts, ROUTED_EXPERTS_KNOWN: known}
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,10 @@ class GeneratedSample:
     """The detokenised response."""
     stopped: bool = False
     """The engine stopped on its own (end of sequence or a stop token), not at max_tokens."""
+    routed_experts: torch.Tensor | None = None
+    """With rollout.return_routed_experts, on a request's last output: (tokens, MoE layers,
+    top-k) expert indices of every token the engine ran through the model for it, prompt
+    first (all but the last sampled token)."""
 
 
 @dataclass(frozen=True)

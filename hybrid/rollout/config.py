@@ -62,6 +62,10 @@ class RolloutConfig:
     keep ~1 GiB resident across sleep/wake)."""
     free_cache_engine: bool = True
     """Release the KV cache in trainer mode (vLLM sleep mode on CUDA)."""
+    return_routed_experts: bool = False
+    """A mixture of experts: the engine returns the experts it chose for every token it ran
+    (vLLM's enable_return_routed_experts: its V2 model runner, CUDA only in vLLM 0.32; the toy
+    engine from the module's routers). actor.router_replay=rollout turns it on."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Multi-turn rollouts with tools and environments (hybrid/rollout/agent/, docs/agents.md):
     off unless agent.enabled."""

@@ -84,9 +84,13 @@ def vllm_local_rank(site: EngineSite) -> int:
     return site.local_rank
 
 
-def engine_environ(site: EngineSite) -> dict[str, str]:
+def engine_environ(site: EngineSite, config: RolloutConfig | None = None) -> dict[str, str]:
     """Environment variables to hold while the engine is built."""
-    return {"LOCAL_RANK": str(vllm_local_rank(site))}
+    environ = {"LOCAL_RANK": str(vllm_local_rank(site))}
+    if config is not None and config.return_routed_experts:
+        # vLLM 0.32 captures routed experts in its V2 model runner only (CUDA with Triton).
+        environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    return environ
 
 
 def sleep_level(adapter_sync: bool) -> SleepLevel:
@@ -164,6 +168,8 @@ def engine_kwargs(
         )
     if lora_rank:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank)
+    if config.return_routed_experts:
+        kwargs["enable_return_routed_experts"] = True
     return kwargs
 
 

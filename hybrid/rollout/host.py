@@ -95,6 +95,7 @@ def build_samples(
             status=SampleStatus.COMPLETED if g.stopped else SampleStatus.TRUNCATED,
             text=g.text,
             metadata=dict(metadata[i // n]),
+            routed_experts=g.routed_experts,
         )
         for i, g in enumerate(generated)
     ]

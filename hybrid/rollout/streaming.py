@@ -116,6 +116,8 @@ class InFlight:
         if not finished:
             return None
         del self._live[request_id], self._pending[key], self._budgets[key]
+        # The last request ran the whole sequence (a resumed one re-reads the earlier tokens).
+        sample.routed_experts = new.routed_experts
         sample.status = SampleStatus.COMPLETED if new.stopped else SampleStatus.TRUNCATED
         sample.text = decode(sample.response_ids)
         group = self._finished.setdefault(sample.uid, [])

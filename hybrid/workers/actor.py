@@ -18,6 +18,7 @@ import torch
 
 from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
+from hybrid.data.sample import ROUTED_EXPERTS
 from hybrid.dtypes import ComputeDtypes, Dtype, Hardware, torch_dtype
 from hybrid.memory.components import (
     ByDevice,
@@ -40,7 +41,7 @@ from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.lora import adapter_spec, adapters_disabled
 from hybrid.workers.parallel import ParallelState, init_parallel
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting
+from hybrid.workers.routing import MoeRouting
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
 
 
@@ -182,13 +183,16 @@ class ActorWorker(Worker):
         """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
         with self._phase("old_log_prob", caller="compute_log_prob"):
             self.model.eval()
-            records_routing = self.config.actor.router_replay in ("measure", "record")
+            replay = self.config.actor.router_replay
+            # measure / record (R2): this pass records the experts; rollout (R3): it computes
+            # with the engine's, as the update will.
             scored = score_responses(
                 self.model,
                 batch.to(self.parallel.device),
                 self.log_prob_pass,
                 with_entropy=True,
-                routing=self.routing if records_routing else None,
+                routing=self.routing if replay != "off" else None,
+                replay_routing=replay == "rollout",
             )
             # A no-grad forward changes nothing a component source counts.
             self.ledger.record("old_log_prob/forward", reuse_components=True)

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from hybrid.controller import Dispatch, register
 from hybrid.data import Batch
+from hybrid.data.sample import ROUTED_EXPERTS, ROUTED_EXPERTS_KNOWN
 from hybrid.dtypes import dtype_bytes
 from hybrid.memory.components import ByDevice, full_parameter_count
 from hybrid.rollout.engines import make_engine
@@ -138,7 +139,8 @@ class ActorRolloutWorker(ActorWorker):
         self.ledger.record("rollout/generate", reuse_components=True)
         generated = self.rollout.to_batch(samples, batch.tensors["input_ids"].shape[1])
         n = 1 if greedy else self.config.rollout.n
-        columns = [*_GENERATED_COLUMNS, *(c for c in _AGENT_COLUMNS if c in generated)]
+        optional = (*_AGENT_COLUMNS, *_ROUTING_COLUMNS)
+        columns = [*_GENERATED_COLUMNS, *(c for c in optional if c in generated)]
         return beside_prompts(batch, generated.select(columns), n)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -206,6 +208,8 @@ _GENERATED_COLUMNS = (
 )
 _AGENT_COLUMNS = ("env_rewards", "agent_stats")
 """What an agent run's trajectories add (hybrid.data.sample)."""
+_ROUTING_COLUMNS = (ROUTED_EXPERTS, ROUTED_EXPERTS_KNOWN)
+"""What an engine asked for the experts it chose adds (rollout.return_routed_experts)."""
 
 
 def beside_prompts(prompts: Batch, generated: Batch, n: int) -> Batch:

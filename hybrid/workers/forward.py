@@ -16,11 +16,12 @@ import torch
 
 from hybrid.algorithms.logprob import entropy_from_logits, log_probs_from_logits
 from hybrid.data import Batch
+from hybrid.data.sample import ROUTED_EXPERTS
 from hybrid.workers.config import ModelConfig
 from hybrid.workers.log_prob_head import scoring_head
 from hybrid.workers.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
-from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting
+from hybrid.workers.routing import MoeRouting
 
 
 @dataclass(frozen=True)
@@ -114,22 +115,25 @@ def score_responses(
     config: PassConfig,
     with_entropy: bool,
     routing: MoeRouting | None = None,
+    replay_routing: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of `responses` under `model`, in row order; with `routing`
-    also the experts every MoE layer chose for every token (ROUTED_EXPERTS, on the host)."""
+    also the experts every MoE layer chose for every token (ROUTED_EXPERTS, on the host), or,
+    with `replay_routing`, computed with the batch's ROUTED_EXPERTS (the engine's, R3)."""
     shape = batch.tensors["responses"].shape
     device = batch.tensors["responses"].device
     log_probs = torch.zeros(shape, dtype=torch.float32, device=device)
     entropy = torch.zeros(shape, dtype=torch.float32, device=device)
-    record = None if routing is None else routing.empty_record(batch)
+    record = None if routing is None or replay_routing else routing.empty_record(batch)
     for rows in micro_batches(batch, config):
         micro = batch[rows]
-        if routing is None or record is None:
+        if routing is None:
             scores = score_micro_batch(model, micro, config, with_entropy)
         else:
-            with routing.trace(micro, config.packed) as trace:
+            with routing.trace(micro, config.packed, replay=replay_routing) as trace:
                 scores = score_micro_batch(model, micro, config, with_entropy)
-            routing.write_record(record, rows, trace)
+            if record is not None:
+                routing.write_record(record, rows, trace)
         index = torch.tensor(rows, device=device)
         log_probs[index] = scores.log_probs
         if scores.entropy is not None:

@@ -41,12 +41,13 @@ from hybrid.algorithms.policy_loss import (
 )
 from hybrid.algorithms.policy_objectives import PolicyLossSettings, select_policy_loss
 from hybrid.data import Batch
+from hybrid.data.sample import ROUTED_EXPERTS
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.torch_compat import all_gather_single
 from hybrid.workers.config import ActorConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
-from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting, RoutingTrace
+from hybrid.workers.routing import MoeRouting, RoutingTrace
 
 UPDATE_KEYS = (
     "input_ids",
@@ -200,12 +201,11 @@ class PolicyTrainer:
         }
 
     def _compares_routing(self, batch: Batch) -> bool:
-        """The update compares (or replays) the old-log-prob pass's routing."""
-        return (
-            self.routing is not None
-            and self.config.router_replay in ("measure", "record")
-            and "old_log_probs" in batch
-        )
+        """The update compares (or replays) a recorded routing: the old-log-prob pass's
+        (measure, record) or the engine's (rollout, with or without that pass)."""
+        if self.routing is None or self.config.router_replay == "off":
+            return False
+        return self.config.router_replay == "rollout" or "old_log_probs" in batch
 
     def _routing_trace(self, micro: Batch) -> AbstractContextManager[RoutingTrace | None]:
         """The micro-batch's pass through the MoE routers, forward and backward (recomputed
@@ -216,7 +216,7 @@ class PolicyTrainer:
         return self.routing.trace(
             micro,
             self.pass_config.packed,
-            replay=compares and self.config.router_replay == "record",
+            replay=compares and self.config.router_replay in ("record", "rollout"),
             compare=compares,
             with_aux_loss=True,
             aux_grad=self.config.moe_aux_loss_coef > 0,

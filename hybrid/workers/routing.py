@@ -33,11 +33,9 @@ from hybrid.algorithms.moe_routing import (
     routing_differs,
 )
 from hybrid.data import Batch
+from hybrid.data.sample import ROUTED_EXPERTS, ROUTED_EXPERTS_KNOWN
 from hybrid.models.routers import Router, experts_dtype
 from hybrid.workers.packing import token_positions
-
-ROUTED_EXPERTS = "routed_experts"
-"""The batch key of the old-log-prob pass's routing: (b, S, L, k), uint8 up to 256 experts."""
 
 
 @dataclass
@@ -55,6 +53,9 @@ class RoutingTrace:
     """(tokens, L, k) experts to use instead of the live router's; None: the live ones."""
     compare: torch.Tensor | None = None
     """(tokens, L, k) the old pass's experts, to count how the live routing differs."""
+    known: torch.Tensor | None = None
+    """(tokens,) where `replay` / `compare` hold a choice (None: everywhere); elsewhere the
+    live router's experts are used and nothing is compared."""
     with_aux_loss: bool = False
     aux_grad: bool = False
     """The load-balancing loss joins the loss (its graph is kept); else it is only reported."""
@@ -79,6 +80,8 @@ class RoutingTrace:
         live = experts
         if self.replay is not None:
             experts = self.replay[:, slot].to(live.device, torch.long)
+            if self.known is not None:
+                experts = torch.where(self.known[:, None], experts, live)
             scores = chosen_scores(logits, experts, router.normalise)
         aux = None
         if self.with_aux_loss:
@@ -90,10 +93,16 @@ class RoutingTrace:
                 self.counts[slot] = expert_counts(experts[self.valid], self.num_experts)
                 if self.compare is not None:
                     old = self.compare[:, slot].to(live.device, torch.long)
-                    self.drift[slot] = routing_differs(live[self.valid], old[self.valid])
+                    compared = self.compared
+                    self.drift[slot] = routing_differs(live[compared], old[compared])
             if aux is not None:
                 self.aux_losses[slot] = aux
         return logits, scores, experts
+
+    @property
+    def compared(self) -> torch.Tensor:
+        """(tokens,) the real tokens with a recorded choice to compare with."""
+        return self.valid if self.known is None else self.valid & self.known
 
     def aux_loss(self) -> torch.Tensor | None:
         """The mean over MoE layers of the load-balancing loss (None when not asked for)."""
@@ -145,14 +154,17 @@ class MoeRouting:
         `compare`: count where the live routing differs from them."""
         mask = micro.tensors["attention_mask"]
         positions = token_positions(mask, packed)
-        old = None
+        old = known = None
         if replay or compare:
             if ROUTED_EXPERTS not in micro:
                 raise KeyError(
                     f"the update needs the batch key {ROUTED_EXPERTS!r} (the old-log-prob pass "
-                    f"records it with actor.router_replay=record or measure); it has {micro.keys()}"
+                    "records it with actor.router_replay=record or measure, the engine with "
+                    f"rollout); it has {micro.keys()}"
                 )
             old = micro.tensors[ROUTED_EXPERTS].flatten(0, 1)[positions]
+            if ROUTED_EXPERTS_KNOWN in micro:
+                known = micro.tensors[ROUTED_EXPERTS_KNOWN].flatten()[positions].bool()
         trace = RoutingTrace(
             positions=positions,
             valid=mask.flatten()[positions].bool(),
@@ -160,6 +172,7 @@ class MoeRouting:
             num_experts=self.num_experts,
             replay=old if replay else None,
             compare=old if (replay or compare) else None,
+            known=known,
             with_aux_loss=with_aux_loss,
             aux_grad=aux_grad,
         )
@@ -216,7 +229,7 @@ class RoutingStats:
         self.counts = counts if self.counts is None else self.counts + counts
         if trace.compare is None:
             return
-        valid = trace.valid
+        valid = trace.compared
         old = trace.compare[valid].to(torch.long)
         used = trace.used_experts()[valid].to(old.device)
         changed = torch.stack(

@@ -207,6 +207,9 @@ class AgentFlight:
         if not finished:
             return
         del self._live[request_id]
+        # Each turn's request runs the whole trajectory so far: the newest routing covers it.
+        if new.routed_experts is not None:
+            sample.routed_experts = new.routed_experts
         traj.turns += 1
         context = len(sample.prompt_ids) + sample.response_length
         full = context >= self.max_model_len or sample.response_length >= traj.budget

@@ -162,21 +162,20 @@ def test_every_mode_reports_the_same_step_metrics(
     is only each mode's own rollout and sync figures. The split run is the default split cell
     (the checkpoint transport under the explorer's schedule, checked as test_split_cell checks
     every cell); the fully-async run syncs over memory; colocated runs on one worker. The model
-    is the tiny Qwen3-MoE under router replay, so in every mode the old-log-prob pass's routing
-    record reaches the update with its rows, which computes with exactly those experts."""
+    is the tiny Qwen3-MoE under router replay: split R2 (the trainers' old-log-prob pass
+    records the experts, the update replays them), colocated and fully_async R3 (the engine's
+    experts travel with the generated rows, in fully_async from the explorers through partial
+    rollouts), and the update computes with exactly those experts."""
     steps = 2
-    base = (
-        f"trainer.total_steps={steps}",
-        "algorithm.skip_old_log_prob=false",
-        "actor.router_replay=record",
-    )
+    base = (f"trainer.total_steps={steps}", "algorithm.skip_old_log_prob=false")
     assets = moe_assets
     split_out = tmp_path / "split"
+    r3 = "actor.router_replay=rollout"
     mode_overrides = {
-        "colocated": ("trainer.num_workers=1",),
-        "split": split_overrides(split_out, *DEFAULT_SPLIT_CELL),
+        "colocated": ("trainer.num_workers=1", r3),
+        "split": (*split_overrides(split_out, *DEFAULT_SPLIT_CELL), "actor.router_replay=record"),
         # Two updates per published version, whose metrics one step merges.
-        "fully_async": ("sync.method=memory", "fully_async.trigger_parameter_sync_step=2"),
+        "fully_async": ("sync.method=memory", "fully_async.trigger_parameter_sync_step=2", r3),
     }
     shared_step_keys = set()
     for mode, extras in MODE_EXTRAS.items():

