@@ -163,6 +163,12 @@ class MoeRouting:
                     f"rollout); it has {micro.keys()}"
                 )
             old = micro.tensors[ROUTED_EXPERTS].flatten(0, 1)[positions]
+            if tuple(old.shape[1:]) != (len(self.routers), self.top_k):
+                raise ValueError(
+                    f"{ROUTED_EXPERTS} holds {tuple(old.shape[1:])} (layers, top-k) per token, "
+                    f"the model's routers ({len(self.routers)}, {self.top_k}): a record of "
+                    "another model, or an engine that counts its layers otherwise"
+                )
             if ROUTED_EXPERTS_KNOWN in micro:
                 known = micro.tensors[ROUTED_EXPERTS_KNOWN].flatten()[positions].bool()
         trace = RoutingTrace(

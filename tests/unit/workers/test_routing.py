@@ -167,9 +167,14 @@ def test_the_aux_loss_trains_only_when_weighted(moe: torch.nn.Module) -> None:
     assert (find_routers(balanced)[0].module.weight - gate).abs().max().item() > 1e-6
 
 
-def test_a_replay_without_the_record_is_named(moe: torch.nn.Module) -> None:
+def test_a_replay_without_the_record_or_of_another_shape_is_named(moe: torch.nn.Module) -> None:
     with pytest.raises(KeyError, match=ROUTED_EXPERTS):
         _update(moe, _batch(), router_replay="record")
+    wrong = torch.zeros((4, 7, 2, 2), dtype=torch.uint8)  # two layers; the model routes one
+    with pytest.raises(ValueError, match=r"holds \(2, 2\) \(layers, top-k\) per token"):
+        _update(
+            moe, _batch().union(Batch.from_dict({ROUTED_EXPERTS: wrong})), router_replay="record"
+        )
 
 
 @pytest.mark.parametrize(
