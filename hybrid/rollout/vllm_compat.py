@@ -210,11 +210,13 @@ def _staging_weight(layer: Any) -> torch.nn.Parameter:
     from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED
 
     method = layer.quant_method
-    v2 = type(method).__name__ in WEIGHT_LOADER_V2_SUPPORTED
+    # A ReplicatedLinear has only the v1 loader.
+    v2 = type(method).__name__ in WEIGHT_LOADER_V2_SUPPORTED and hasattr(layer, "weight_loader_v2")
     holder = torch.nn.Module()
     method.create_weights(
         holder,
-        layer.input_size_per_partition,
+        # A ReplicatedLinear (a MoE router's GateLinear) keeps no per-partition input size.
+        getattr(layer, "input_size_per_partition", layer.input_size),
         layer.output_partition_sizes,
         layer.input_size,
         layer.output_size,

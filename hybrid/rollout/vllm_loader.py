@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -123,6 +124,12 @@ class EngineNames:
         return None if target is None else target.name
 
 
+def is_expert_tensor(hf_name: str) -> bool:
+    """A routed expert's weights, stacked (`mlp.experts.gate_up_proj`) or per expert
+    (`mlp.experts.3.down_proj.weight`); a shared expert is a plain MLP (`mlp.shared_expert.`)."""
+    return ".mlp.experts." in hf_name
+
+
 @torch.no_grad()
 def load_direct(
     engine_model: torch.nn.Module,
@@ -135,7 +142,14 @@ def load_direct(
 
     params = dict(engine_model.named_parameters())
     repacker = Repacker(engine_model)
+    load_model_weights: Any = getattr(engine_model, "load_weights", None)
     for hf_name, tensor in weights:
+        if is_expert_tensor(hf_name):
+            # The model's own loader knows its experts (stacked module tensors or per-expert
+            # checkpoint ones, each with its expert id and TP slice); the CPU kernel's prepack
+            # follows the whole stream (VllmEngine.load_weights).
+            load_model_weights([(hf_name, tensor)])
+            continue
         target = names.locate(hf_name)
         if target is None:
             continue

