@@ -2,15 +2,17 @@
 evenly they spread tokens (issue 44, items 4 and 5; docs/moe.md "Router replay").
 
 transformers 5 gives each sparse MoE block a `gate` router returning (logits, scores, experts)
-for the (tokens, hidden) states it reads; the block computes its experts from the last two.
-A forward hook on each router sees that output and, while a `RoutingTrace` is open, records
-the experts (the old-log-prob pass) or replaces them with recorded ones and recomputes the
-scores from the live logits (the update under `actor.router_replay=record`, R2: the experts
-are the old pass's, the gate weights the live router's, so the router still gets gradients).
+for the (tokens, hidden) states it reads (hybrid.models.routers); the block computes its
+experts from the last two. A forward hook on each router sees that output and, while a
+`RoutingTrace` is open, records the experts (the old-log-prob pass under R2) or replaces them
+with recorded ones and recomputes the scores from the live logits: the update under
+`actor.router_replay=record` (R2: the old pass's experts) and both passes under `rollout` (R3:
+the engine's). The gate weights stay the live router's, so the router still gets gradients.
 
-Routing travels between passes as `routed_experts`, a (b, S, L, k) tensor of the batch in its
-padded (row, position) layout (L: the MoE layers in order), so the two passes may cut
-micro-batches differently and pack or not. A hook does the same arithmetic every time it
+Routing travels as `routed_experts`, a (b, S, L, k) tensor of the batch in its padded (row,
+position) layout (L: the MoE layers in order), so passes may cut micro-batches differently and
+pack or not; an engine's record comes with `routed_experts_known`, the positions it covers
+(hybrid.data.sample). A hook does the same arithmetic every time it
 runs, so activation checkpointing's recomputation in backward finds the graph it saved; only
 the bookkeeping (records, counts) is kept from the first call per layer.
 """
