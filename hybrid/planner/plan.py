@@ -88,6 +88,7 @@ from typing import TYPE_CHECKING
 
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, model_shape
 from hybrid.memory.records import COMPONENTS, GIB, step_phases
+from hybrid.models.routers import experts_dtype
 from hybrid.planner.adapters import lora_rank_of, lora_targets
 from hybrid.planner.critic_sizes import CriticSizes
 from hybrid.planner.host import HostMemory, host_memory
@@ -418,6 +419,24 @@ def _expert_notes(w: WorkerSizes, shape: ModelShape) -> list[str]:
             if sync.gather == "bucket"
             else "a layer's experts together; sync.gather=bucket: a bucket of experts)"
         ),
+        *_routing_record_note(w, shape),
+    ]
+
+
+def _routing_record_note(w: WorkerSizes, shape: ModelShape) -> list[str]:
+    """Router replay's record: one expert index per (token, MoE layer, top-k slot) of every
+    row of a step, on the host, through the driver (none without replay)."""
+    replay = w.config.actor.router_replay
+    if replay == "off":
+        return []
+    index_bytes = experts_dtype(shape.num_experts).itemsize
+    per_row = w.seq * shape.num_moe_layers * shape.experts_per_token * index_bytes
+    rows = w.config.rows_per_step
+    return [
+        f"router replay ({replay}): the routing record is {rows * per_row / GIB:.2f} GiB a step "
+        f"({rows} rows x {w.seq} tokens x {shape.num_moe_layers} layers x top-"
+        f"{shape.experts_per_token}, {index_bytes} byte each), host memory through the driver, "
+        f"{rows * per_row / w.world / GIB:.2f} GiB a worker"
     ]
 
 

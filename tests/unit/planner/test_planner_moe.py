@@ -82,3 +82,10 @@ def test_bucketed_experts_lower_the_sync_s_largest_gather_to_the_embedding() -> 
     assert layer >= E * 3 * W * H  # a layer's experts together
     assert bucket == V * H  # the largest tensor left: the embedding (or the LM head)
     assert "a bucket of experts" in format_plan(plan("sync.gather=bucket"))
+
+
+def test_router_replay_s_record_is_counted_per_step() -> None:
+    note = next(n for n in plan().notes if n.startswith("router replay (record)"))
+    rows, seq = 256 * 5, 512 + 1024  # the preset's prompts x samples, prompt + response
+    assert f"{rows * seq * L * K / 2**30:.2f} GiB a step" in note  # one byte per index
+    assert not any(n.startswith("router replay") for n in plan("actor.router_replay=off").notes)
