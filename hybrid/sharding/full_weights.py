@@ -9,6 +9,7 @@ that holds plain full weights, such as the explorers').
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -18,6 +19,7 @@ from hybrid.sharding.config import WeightPathConfig
 from hybrid.sharding.gather import (
     gather_group,
     group_parameters,
+    hand_over,
     iter_full_parameters,
     iter_row_slices,
 )
@@ -59,40 +61,16 @@ def expert_buckets(
     per-expert checkpoint names, which vLLM's loaders take in any order; every other tensor
     in byte buckets as for a dense model. The largest group alive is one bucket (or one
     expert of every rank), not a layer's experts."""
-    index = 0
-    dense: list[tuple[str, torch.Tensor]] = []
-
-    def flush() -> Iterator[tuple[str, torch.Tensor]]:
-        nonlocal index
-        if not dense:
-            return
-        groups = group_parameters(dense, "bucket", bucket_bytes, dtype)
-        for group in groups:
-            yield from _handed_over(gather_group(group, dtype), index, on_group_done)
-            index += 1
-        dense.clear()
-
-    for name, param in named:
-        if not adapter.stacks_experts(name):
-            dense.append((name, param))
+    groups = itertools.count()
+    for experts_run, run in itertools.groupby(
+        named, key=lambda item: adapter.stacks_experts(item[0])
+    ):
+        if not experts_run:
+            for group in group_parameters(list(run), "bucket", bucket_bytes, dtype):
+                yield from hand_over(gather_group(group, dtype), next(groups), on_group_done)
             continue
-        yield from flush()
-        for experts, rows in iter_row_slices(param, dtype, bucket_bytes):
-            pieces = list(adapter.experts_to_checkpoint(name, rows, experts))
-            del rows
-            yield from _handed_over(pieces, index, on_group_done)
-            index += 1
-    yield from flush()
-
-
-def _handed_over(
-    tensors: list[tuple[str, torch.Tensor]], index: int, on_group_done: GroupDone | None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """One group's tensors to the consumer, each forgotten once handed over; then the group's
-    boundary (`on_group_done(index, bytes)`)."""
-    full_bytes = sum(t.nbytes for _, t in tensors)
-    tensors.reverse()
-    while tensors:
-        yield tensors.pop()
-    if on_group_done is not None:
-        on_group_done(index, full_bytes)
+        for name, param in run:
+            for experts, rows in iter_row_slices(param, dtype, bucket_bytes):
+                pieces = list(adapter.experts_to_checkpoint(name, rows, experts))
+                del rows
+                yield from hand_over(pieces, next(groups), on_group_done)

