@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from hybrid.dtypes import Dtype, torch_dtype
-from hybrid.models.routers import find_routers
+from hybrid.models.routers import experts_dtype, find_routers
 from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
@@ -336,7 +336,8 @@ class ToyEngine:
         request.num_cached = len(request.token_ids)
         if self._routers:
             chosen = [self._chosen.pop(r.layer) for r in self._routers]
-            request.routing.append(torch.stack(chosen, dim=1).to(torch.uint8))
+            index_dtype = experts_dtype(self._routers[0].num_experts)
+            request.routing.append(torch.stack(chosen, dim=1).to(index_dtype))
         logits = out.logits[0, -1]
         token = sample_token(logits, request.settings, request.generator)
         log_prob = float(logits.float().log_softmax(dim=-1)[token])

@@ -20,6 +20,7 @@ import torch
 from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.heap import freeze_heap
 from hybrid.memory.model_shape import model_shape
+from hybrid.models.routers import experts_dtype
 from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
@@ -479,5 +480,4 @@ def noting_expert_layers(
 def routed_experts_tensor(routed: Any) -> torch.Tensor:
     """vLLM's routing array as the compact integer tensor a Sample keeps."""
     tensor = torch.as_tensor(routed)
-    top = int(tensor.max()) if tensor.numel() else 0
-    return tensor.to(torch.uint8 if top < 256 else torch.int16)
+    return tensor.to(experts_dtype(int(tensor.max()) + 1 if tensor.numel() else 1))
