@@ -48,3 +48,12 @@ def check_family(config: Any, where: str) -> None:
             f"state-dict adapter for its expert layout; supported mixture-of-experts families: "
             f"{', '.join(STACKED_EXPERT_FAMILIES)}"
         )
+
+
+def check_expert_count(experts: int, ep_size: int, where: str) -> None:
+    """Expert parallelism gives every ep rank the same number of whole experts."""
+    if experts % ep_size:
+        raise ValueError(
+            f"actor.ep_size ({ep_size}) must divide the number of experts of {where} "
+            f"({experts}): each expert-parallel rank owns num_experts / ep_size whole experts"
+        )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from hybrid.model_families import check_family, num_experts
+from hybrid.model_families import check_expert_count, check_family, num_experts
 from hybrid.rewards.judge import load_template
 from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rewards.overlong import OverlongBufferConfig
@@ -593,11 +593,16 @@ class TrainerRunConfig:
                 f"({per_node} = trainer.num_workers / trainer.nnodes): a vLLM tensor-parallel "
                 "group never crosses a node"
             )
-        if workers % self.actor.hsdp_replicas:
-            raise ValueError(
-                f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
-                f"trainer.num_workers ({workers})"
-            )
+        self._check_trainer_mesh(workers, "trainer.num_workers")
+
+    def _check_trainer_mesh(self, workers: int, field_name: str) -> None:
+        """HSDP replicas and expert-parallel groups divide the training ranks."""
+        for name, size in (
+            ("hsdp_replicas", self.actor.hsdp_replicas),
+            ("ep_size", self.actor.ep_size),
+        ):
+            if workers % size:
+                raise ValueError(f"actor.{name} ({size}) must divide {field_name} ({workers})")
 
     @property
     def use_critic(self) -> bool:
@@ -727,11 +732,7 @@ class TrainerRunConfig:
             )
         if t.nnodes > 1:
             self._check_split_nodes()
-        if t.num_trainer_workers % self.actor.hsdp_replicas:
-            raise ValueError(
-                f"actor.hsdp_replicas ({self.actor.hsdp_replicas}) must divide "
-                f"trainer.num_trainer_workers ({t.num_trainer_workers})"
-            )
+        self._check_trainer_mesh(t.num_trainer_workers, "trainer.num_trainer_workers")
         if s.method == "checkpoint" and not s.checkpoint_dir:
             raise ValueError(
                 "sync.checkpoint_dir must be set for sync.method=checkpoint: the directory "
@@ -766,7 +767,10 @@ class TrainerRunConfig:
         if model_config is not None:
             check_moe_fields(self.actor, model_config, f"model.path ({self.model.path})")
         if self.distill.teacher_path is not None:
-            check_model_dir("distill.teacher_path", self.distill.teacher_path)
+            teacher = check_model_dir("distill.teacher_path", self.distill.teacher_path)
+            if teacher is not None and num_experts(teacher) and self.actor.ep_size > 1:
+                where = f"distill.teacher_path ({self.distill.teacher_path})"
+                check_expert_count(num_experts(teacher), self.actor.ep_size, where)
         for name in ("train_files", "val_files"):
             for path in getattr(self.data, name):
                 if not Path(path).exists():
@@ -860,14 +864,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: str) -> None:
-    """The actor's mixture-of-experts fields need routers in the model."""
-    if num_experts(model_config):
+    """The actor's mixture-of-experts fields need routers in the model; expert parallelism
+    needs an expert count it divides."""
+    experts = num_experts(model_config)
+    if experts and actor.ep_size > 1:
+        check_expert_count(experts, actor.ep_size, where)
+    if experts:
         return
     asked = [
         name
         for name, value in (
             ("actor.router_replay", actor.router_replay != "off"),
             ("actor.moe_aux_loss_coef", actor.moe_aux_loss_coef > 0),
+            ("actor.ep_size", actor.ep_size > 1),
         )
         if value
     ]
@@ -875,7 +884,7 @@ def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: st
         raise ValueError(
             f"{', '.join(asked)}: {where} is a dense model (model type "
             f"{model_config.get('model_type')!r}, no experts), so there is no router to replay "
-            "or balance"
+            "to replay, balance or place by expert"
         )
 
 

@@ -68,7 +68,10 @@ class ActorWorker(Worker):
     def init_model(self) -> None:
         c = self.config
         self.parallel: ParallelState = init_parallel(
-            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
+            self.rank_env,
+            c.rollout.tensor_parallel_size,
+            c.actor.hsdp_replicas,
+            c.actor.ep_size,
         )
         device = self.parallel.device
         self.hardware = Hardware.detect(device)
@@ -83,6 +86,7 @@ class ActorWorker(Worker):
             attn_implementation=c.model.attn_implementation,
             gradient_checkpointing=c.model.gradient_checkpointing,
             lora=c.model.lora,
+            expert_mesh=self.parallel.expert_mesh,
         )
         a, optim = c.actor, c.actor.optim
         self.optimizer = build_optimizer(

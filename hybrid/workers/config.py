@@ -314,12 +314,23 @@ class ActorConfig(MicroBatching):
     (a node, when it equals trainer.nnodes) and replicate across the groups, so that only a
     gradient all-reduce crosses the slow link. 1: plain FSDP over every rank. The reference
     shares the mesh."""
+    ep_size: int = 1
+    """Expert parallelism for a mixture of experts (docs/moe.md): each of ep consecutive ranks
+    owns num_experts / ep whole experts and tokens reach them by all-to-all; the experts' rows
+    are split over the num_workers / ep groups of such ranks. 1: the experts are FSDP-sharded
+    like every other weight. Must divide the trainer's workers and the number of experts;
+    the reference, critic and teacher share the mesh."""
 
     def __post_init__(self) -> None:
         self.optim.check("actor.optim")
         self.precision.check("actor.precision")
         self.check_micro_batches("actor")
-        check_positive("actor", hsdp_replicas=self.hsdp_replicas)
+        check_positive("actor", hsdp_replicas=self.hsdp_replicas, ep_size=self.ep_size)
+        if self.ep_size > 1 and self.hsdp_replicas > 1:
+            raise ValueError(
+                f"actor.ep_size ({self.ep_size}) with actor.hsdp_replicas "
+                f"({self.hsdp_replicas}): expert parallelism runs over plain FSDP; set one of them to 1"
+            )
         check_range("actor", "clip_ratio_low", self.clip_ratio_low, 0.0, 1.0)
         check_positive("actor", clip_ratio_high=self.clip_ratio_high, ppo_epochs=self.ppo_epochs)
         check_choice("actor", "policy_loss", self.policy_loss, POLICY_LOSSES)

@@ -75,7 +75,10 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         c, critic = self.config, self.config.critic
         parallel = init_parallel(
-            self.rank_env, c.rollout.tensor_parallel_size, c.actor.hsdp_replicas
+            self.rank_env,
+            c.rollout.tensor_parallel_size,
+            c.actor.hsdp_replicas,
+            c.actor.ep_size,
         )
         self.device = parallel.device
         precision = critic.precision
@@ -92,6 +95,7 @@ class CriticWorker(Worker):
             attn_implementation=c.model.attn_implementation,
             gradient_checkpointing=critic.gradient_checkpointing,
             value_head=True,
+            expert_mesh=parallel.expert_mesh,
         )
         optim = critic.optim
         self.optimizer = build_optimizer(

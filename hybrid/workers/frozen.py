@@ -36,7 +36,10 @@ def build_frozen_model(
     """The model at `path` on this rank's share of the training mesh, stored and computed in
     `dtype_for(the hardware)`; still on the device (the caller offloads once it is set up)."""
     parallel = init_parallel(
-        rank_env, config.rollout.tensor_parallel_size, config.actor.hsdp_replicas
+        rank_env,
+        config.rollout.tensor_parallel_size,
+        config.actor.hsdp_replicas,
+        config.actor.ep_size,
     )
     dtype = torch_dtype(dtype_for(Hardware.detect(parallel.device)))
     model = build_fsdp_model(
@@ -48,6 +51,7 @@ def build_frozen_model(
         attn_implementation=config.model.attn_implementation,
         trainable=False,
         value_head=value_head,
+        expert_mesh=parallel.expert_mesh,
     )
     offloader = Offloader(model, None, parallel.device, param_offload, optimizer_offload=False)
     return FrozenModel(model, parallel.device, offloader)

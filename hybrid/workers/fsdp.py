@@ -45,6 +45,7 @@ from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
 from hybrid.workers.attention import AttnChoice, flash_attn_installed, resolve_attn_implementation
 from hybrid.workers.config import LoraConfig
+from hybrid.workers.expert_parallel import parallelize_experts
 from hybrid.workers.lora import add_adapters, initial_adapter
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -70,6 +71,7 @@ def build_fsdp_model(
     trainable: bool = True,
     lora: LoraConfig | None = None,
     value_head: bool = False,
+    expert_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
@@ -81,7 +83,9 @@ def build_fsdp_model(
     `param_dtype` is the compute dtype (parameters are all-gathered in it), `reduce_dtype` the
     dtype gradients are reduce-scattered in, `master_dtype` the dtype of the sharded parameters
     the optimizer updates. `trainable=False` gives the frozen reference policy: eval mode, no
-    parameter requires grad. With `lora` enabled the result is a peft model (hybrid.workers.lora):
+    parameter requires grad. An `expert_mesh` ((efsdp, ep), hybrid.workers.expert_parallel)
+    puts a mixture of experts' stacked experts on it, owned by ep ranks, instead of FSDP2
+    sharding them over `mesh` (ignored for a dense model). With `lora` enabled the result is a peft model (hybrid.workers.lora):
     the frozen base stored in `param_dtype`, only the adapters in `master_dtype` and trainable.
     Every rank of `mesh` must call this collectively.
     """
@@ -109,6 +113,9 @@ def build_fsdp_model(
         kernels["experts_implementation"] = EXPERTS_KERNEL
     with torch.device("meta"):
         model = model_class.from_config(config, dtype=master_dtype, **kernels)
+    expert_params: set[nn.Parameter] | None = None
+    if expert_mesh is not None and num_experts(config):
+        expert_params = parallelize_experts(model, expert_mesh, param_dtype, world=mesh.size())
     tied = not value_head and bool(getattr(model.config, "tie_word_embeddings", False))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -125,13 +132,19 @@ def build_fsdp_model(
 
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for layer in hf_model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, ignored_params=expert_params)
     # By default FSDP2 keeps the root's parameters (embedding, final norm, LM head) unsharded
     # after forward, expecting a backward to follow; after a no_grad forward (log-probs, the
     # reference policy) they would stay gathered and `model.parameters()` would yield plain
     # tensors instead of DTensor shards. Resharding the root too keeps the invariant at the
     # price of one more all-gather of the root's parameters in backward.
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=True)
+    fully_shard(
+        model,
+        mesh=mesh,
+        mp_policy=mp_policy,
+        reshard_after_forward=True,
+        ignored_params=expert_params,
+    )
 
     model.to_empty(device=device)
     if tied:
@@ -180,15 +193,51 @@ def clip_and_step(
     The norm of DTensor gradients is all-reduced, so every rank takes the same decision.
     """
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    grad_norm = float(norm)
+    by_mesh = _by_mesh(params)
+    if len(by_mesh) > 1:  # expert parallelism: DTensor math stays on one mesh
+        grad_norm = _clip_across_meshes(by_mesh, max_grad_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
     applied = math.isfinite(grad_norm)
     if applied:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, applied
+
+
+def _by_mesh(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """Parameters grouped by the device mesh of their DTensor (plain tensors: one group)."""
+    groups: dict[object, list[nn.Parameter]] = {}
+    for param in params:
+        key = param.device_mesh if isinstance(param, DTensor) else None
+        groups.setdefault(key, []).append(param)
+    return list(groups.values())
+
+
+def _clip_across_meshes(groups: list[list[nn.Parameter]], max_norm: float) -> float:
+    """`clip_grad_norm_` for gradients on several meshes (the experts' (efsdp, ep) and FSDP's
+    over the same ranks): every element of such a gradient lives on exactly one rank, so the
+    total is one all-reduce of the local sums of squares; every gradient is then scaled by
+    the same factor, as torch does within one mesh (eps 1e-6)."""
+    grads = [p.grad for group in groups for p in group if p.grad is not None]
+    squares = torch.zeros((), dtype=torch.float64, device=grads[0].device)
+    mesh_sizes = set()
+    for grad in grads:
+        assert isinstance(grad, DTensor) and all(pl.is_shard() for pl in grad.placements), (
+            "gradients on several meshes must be sharded on every mesh dim"
+        )
+        squares += grad.to_local().double().pow(2).sum()
+        mesh_sizes.add(grad.device_mesh.size())
+    assert mesh_sizes == {dist.get_world_size()}, "the meshes span the trainer's world"
+    dist.all_reduce(squares)
+    total = math.sqrt(float(squares))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        torch._foreach_mul_(grads, coef)
+    return total
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:

@@ -4,6 +4,9 @@
                 (replicas, world / replicas)  with HSDP: shard within a group of consecutive
                                    ranks (a node), replicate across groups
   rollout mesh  (world / tp, tp)   vLLM tensor parallelism inside each data-parallel group
+  expert mesh   (world / ep, ep)   expert parallelism (actor.ep_size > 1): a mixture of
+                                   experts' experts owned by ep ranks, their rows split over
+                                   the first dim (hybrid.workers.expert_parallel)
 One process group (nccl on CUDA, gloo on CPU) under both. Members colocated in one
 WorkerDict share the process, so the second caller gets the same state back.
 """
@@ -18,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.controller import RankEnv
 from hybrid.rollout.engine_args import EngineSite
+from hybrid.workers.expert_parallel import expert_mesh_shape
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,16 @@ class ParallelState:
     fsdp_mesh: DeviceMesh
     rollout_mesh: DeviceMesh
     """2-D, dims ("dp", "tp")."""
+    expert_mesh: DeviceMesh | None = None
+    """2-D, dims ("efsdp", "ep"), with expert parallelism; None without."""
 
     @property
     def hsdp_replicas(self) -> int:
         return self.fsdp_mesh.size(0) if self.fsdp_mesh.ndim == 2 else 1
+
+    @property
+    def ep_size(self) -> int:
+        return 1 if self.expert_mesh is None else self.expert_mesh.size(1)
 
     @property
     def tp_size(self) -> int:
@@ -71,17 +81,17 @@ def fsdp_mesh_shape(world: int, hsdp_replicas: int) -> tuple[tuple[int, ...], tu
 
 
 def init_parallel(
-    rank_env: RankEnv, tensor_parallel_size: int = 1, hsdp_replicas: int = 1
+    rank_env: RankEnv, tensor_parallel_size: int = 1, hsdp_replicas: int = 1, ep_size: int = 1
 ) -> ParallelState:
     """Initialise (once) the process group and meshes of this worker process."""
     global _STATE
     if _STATE is not None:
-        asked = (rank_env, tensor_parallel_size, hsdp_replicas)
-        held = (_STATE.rank_env, _STATE.tp_size, _STATE.hsdp_replicas)
+        asked = (rank_env, tensor_parallel_size, hsdp_replicas, ep_size)
+        held = (_STATE.rank_env, _STATE.tp_size, _STATE.hsdp_replicas, _STATE.ep_size)
         if asked != held:
             raise RuntimeError(
-                f"this process already set up parallel state (rank env, tp, hsdp replicas) = "
-                f"{held}; asked again with {asked}"
+                f"this process already set up parallel state (rank env, tp, hsdp replicas, ep) "
+                f"= {held}; asked again with {asked}"
             )
         return _STATE
     world = rank_env.world_size
@@ -90,6 +100,8 @@ def init_parallel(
             f"rollout.tensor_parallel_size ({tensor_parallel_size}) must divide the number of workers ({world})"
         )
     mesh_shape, mesh_names = fsdp_mesh_shape(world, hsdp_replicas)
+    assert ep_size == 1 or hsdp_replicas == 1, "expert parallelism runs over plain FSDP"
+    expert_shape = expert_mesh_shape(world, ep_size)
     device = _pick_device(rank_env)
     if not dist.is_initialized():
         dist.init_process_group(
@@ -107,6 +119,11 @@ def init_parallel(
             device.type,
             (world // tensor_parallel_size, tensor_parallel_size),
             mesh_dim_names=("dp", "tp"),
+        ),
+        expert_mesh=(
+            init_device_mesh(device.type, expert_shape, mesh_dim_names=("efsdp", "ep"))
+            if ep_size > 1
+            else None
         ),
     )
     return _STATE

@@ -61,13 +61,18 @@ OPTIM_KWARGS: dict[str, Any] = {
 
 
 def _entry(
-    rank: int, fn: Callable[..., dict[str, Any]], port: int, out_dir: Path, args: tuple
+    rank: int,
+    fn: Callable[..., dict[str, Any]],
+    port: int,
+    out_dir: Path,
+    args: tuple,
+    world: int = WORLD_SIZE,
 ) -> None:
     torch.set_num_threads(1)  # 2 ranks on 2 cores
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (WORLD_SIZE,), mesh_dim_names=("fsdp",))
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         result = fn(rank, mesh, *args)
         written = out_dir / f"result_rank{rank}.pt.tmp"
         torch.save(result, written)
@@ -269,18 +274,20 @@ def _resumed_run(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> di
 # --- parent side ---------------------------------------------------------------------------
 
 
-def _spawn(fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any) -> list[dict[str, Any]]:
-    """Run `fn(rank, mesh, *args)` on 2 fresh gloo ranks; return each rank's result."""
+def _spawn(
+    fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any, world: int = WORLD_SIZE
+) -> list[dict[str, Any]]:
+    """Run `fn(rank, mesh, *args)` on `world` (2) fresh gloo ranks; return each rank's result."""
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     context = mp.start_processes(
         _entry,
-        args=(fn, free_port("127.0.0.1"), out_dir, args),
-        nprocs=WORLD_SIZE,
+        args=(fn, free_port("127.0.0.1"), out_dir, args, world),
+        nprocs=world,
         join=False,
         start_method="spawn",
     )
-    results = [out_dir / f"result_rank{r}.pt" for r in range(WORLD_SIZE)]
+    results = [out_dir / f"result_rank{r}.pt" for r in range(world)]
     try:
         while not context.join(timeout=1):  # raises if a rank failed
             if time.monotonic() - start > SPAWN_TIMEOUT_S:
@@ -296,7 +303,7 @@ def _spawn(fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any) -> list
             if process.is_alive():
                 process.kill()
                 process.join()
-    print(f"{fn.__name__}: {time.monotonic() - start:.1f} s on {WORLD_SIZE} ranks")
+    print(f"{fn.__name__}: {time.monotonic() - start:.1f} s on {world} ranks")
     return [torch.load(path, weights_only=False) for path in results]
 
 

