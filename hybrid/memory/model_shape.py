@@ -138,6 +138,22 @@ class ModelShape:
         """Elements of the largest decoder layer (what FSDP2 unshards at once)."""
         return max(n for key, n in self.layer_params.items() if is_layer(key))
 
+    def largest_pass_layer(self, ep_size: int = 1) -> int:
+        """Elements of the largest decoder layer a rank holds whole in a pass: all of it under
+        FSDP2, but only its own num_experts / ep experts of each stacked expert tensor with
+        expert parallelism (hybrid.workers.expert_parallel: the other experts never come)."""
+        if ep_size == 1 or not self.num_experts:
+            return self.largest_layer
+        experts: dict[str, int] = {}
+        for name, dims in self.params:
+            if ".mlp.experts." in name and dims and dims[0] == self.num_experts:
+                experts[layer_key(name)] = experts.get(layer_key(name), 0) + _numel(dims)
+        return max(
+            n - experts.get(key, 0) + experts.get(key, 0) // ep_size
+            for key, n in self.layer_params.items()
+            if is_layer(key)
+        )
+
     @functools.cached_property
     def root_params(self) -> int:
         """Elements outside the decoder layers: embedding, final norm, untied LM head."""

@@ -96,7 +96,7 @@ class CriticSizes:
 
     def values_forward(self) -> Bytes:
         mb, s, cb = self.micro_batch(update=False), self.shape, self.cb
-        unsharded = unsharded_bytes(s, cb)
+        unsharded = unsharded_bytes(s, cb, ep_size=self.config.actor.ep_size)
         return largest_moment(
             {"unsharded_params": unsharded, "activations": mb.tokens * s.nograd_layer(cb)},
             {"unsharded_params": unsharded, "activations": mb.tokens * (s.hidden_size * cb + 4)},
@@ -110,7 +110,7 @@ class CriticSizes:
     def update_forward(self) -> Bytes:
         mb, s, cb = self.micro_batch(update=True), self.shape, self.cb
         return {
-            "unsharded_params": unsharded_bytes(s, cb),
+            "unsharded_params": unsharded_bytes(s, cb, ep_size=self.config.actor.ep_size),
             "activations": self._saved(mb.tokens) + mb.tokens * s.nograd_layer(cb),
         }
 
@@ -121,8 +121,8 @@ class CriticSizes:
         work = mb.tokens * s.layer_backward(cb, self.config.critic.gradient_checkpointing)
         return largest_moment(
             {
-                "unsharded_params": unsharded_bytes(s, cb),
-                "unsharded_grads": s.largest_layer * reduce,
+                "unsharded_params": unsharded_bytes(s, cb, ep_size=self.config.actor.ep_size),
+                "unsharded_grads": s.largest_pass_layer(self.config.actor.ep_size) * reduce,
                 "activations": self._saved(mb.tokens) + work,
             },
             {"unsharded_grads": s.root_params * reduce},

@@ -72,9 +72,13 @@ def reduce_bytes(compute: str, reduce_dtype: str) -> int:
     return dtype_bytes(compute) + (dtype_bytes(reduce_dtype) if reduce_dtype != compute else 0)
 
 
-def unsharded_bytes(shape: ModelShape, dtype_bytes: int, adapter_layer: int = 0) -> int:
-    """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
-    return (shape.root_params + 2 * (shape.largest_layer + adapter_layer)) * dtype_bytes
+def unsharded_bytes(
+    shape: ModelShape, dtype_bytes: int, adapter_layer: int = 0, ep_size: int = 1
+) -> int:
+    """The root + the current layer + the prefetched layer, all-gathered by FSDP2 (with
+    expert parallelism a layer's experts are only the rank's own)."""
+    layer = shape.largest_pass_layer(ep_size) + adapter_layer
+    return (shape.root_params + 2 * layer) * dtype_bytes
 
 
 def largest_moment(*moments: Bytes) -> Bytes:

@@ -411,8 +411,8 @@ def _expert_notes(w: WorkerSizes, shape: ModelShape) -> list[str]:
         f"mixture of experts: {shape.num_moe_layers} MoE layers x {experts} experts, top-"
         f"{shape.experts_per_token}; {shape.active_params / 1e9:.2f}B of "
         f"{shape.num_params / 1e9:.2f}B parameters active per token",
-        f"experts: FSDP2 shards each stacked expert tensor by expert, {-(-experts // world)} "
-        f"of {experts} per rank; the sync (sync.gather={sync.gather}) gathers at most "
+        _expert_placement(world, experts, w.config.actor.ep_size)
+        + f"; the sync (sync.gather={sync.gather}) gathers at most "
         f"{gathered / GIB:.2f} GiB at once ("
         + (
             "a bucket of experts under their checkpoint names)"
@@ -421,6 +421,21 @@ def _expert_notes(w: WorkerSizes, shape: ModelShape) -> list[str]:
         ),
         *_routing_record_note(w, shape),
     ]
+
+
+def _expert_placement(world: int, experts: int, ep_size: int) -> str:
+    if ep_size == 1:
+        return (
+            f"experts: FSDP2 shards each stacked expert tensor by expert, "
+            f"{-(-experts // world)} of {experts} per rank"
+        )
+    efsdp = world // ep_size
+    return (
+        f"experts: expert parallelism (actor.ep_size={ep_size}), each rank owns "
+        f"{experts // ep_size} of {experts} experts"
+        + (f", their rows split over {efsdp} ranks" if efsdp > 1 else "")
+        + "; tokens reach them by all-to-all, so a pass never gathers the other experts"
+    )
 
 
 def _routing_record_note(w: WorkerSizes, shape: ModelShape) -> list[str]:

@@ -290,7 +290,7 @@ class WorkerSizes:
 
     def unsharded(self, dtype_bytes: int) -> int:
         """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
-        return unsharded_bytes(self.shape, dtype_bytes, self.lora.layer)
+        return unsharded_bytes(self.shape, dtype_bytes, self.lora.layer, self.config.actor.ep_size)
 
     # Trainer-side transients: a no-grad forward, the update's forward and backward.
 
@@ -332,7 +332,8 @@ class WorkerSizes:
         # Until the embedding's gradient closes the root group, it holds the LM head's gradient;
         # with LoRA the root is frozen and only the adapters have gradients.
         head_grad = 0 if lora else s.vocab_size * s.hidden_size * cb
-        layer_grads = (self.lora.layer if lora else s.largest_layer) * reduce
+        layer = s.largest_pass_layer(a.ep_size)
+        layer_grads = (self.lora.layer if lora else layer) * reduce
         unsharded = self.unsharded(cb)
         if self.chunked:  # the saved states and their gradient; fp32 head-gradient accumulator
             states = mb.scored * s.hidden_size * cb

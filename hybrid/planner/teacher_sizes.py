@@ -80,7 +80,7 @@ class TeacherSizes:
     def forward(self) -> Bytes:
         """teacher/forward's transient: a no-grad scoring forward of its largest micro-batch."""
         chunk = self.config.model.log_prob_chunk_tokens
-        unsharded = unsharded_bytes(self.shape, self.cb)
+        unsharded = unsharded_bytes(self.shape, self.cb, ep_size=self.config.actor.ep_size)
         return scoring_bytes(
             self.shape, self.micro_batch(), self.cb, unsharded, chunk, LOG_PROB_FP32_COPIES
         )

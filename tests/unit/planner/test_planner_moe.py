@@ -89,3 +89,29 @@ def test_router_replay_s_record_is_counted_per_step() -> None:
     rows, seq = 256 * 5, 512 + 1024  # the preset's prompts x samples, prompt + response
     assert f"{rows * seq * L * K / 2**30:.2f} GiB a step" in note  # one byte per index
     assert not any(n.startswith("router replay") for n in plan("actor.router_replay=off").notes)
+
+
+def test_expert_parallelism_leaves_the_other_experts_out_of_every_pass() -> None:
+    """actor.ep_size=8: a pass makes whole only a layer's dense part and the rank's own 16 of
+    128 experts; the static state (and so the optimizer-step peak) is FSDP's, unchanged."""
+    shape = model_shape("Qwen3-30B-A3B")
+    experts = E * (2 * W * H + H * W)
+    assert shape.largest_pass_layer(1) == shape.largest_layer
+    assert shape.largest_pass_layer(8) == shape.largest_layer - experts + experts // 8
+    assert (
+        model_shape("Qwen2.5-7B").largest_pass_layer(8) == model_shape("Qwen2.5-7B").largest_layer
+    )
+    fsdp, ep = plan(), plan("actor.ep_size=8")
+    gib = 1 << 30
+    other = (experts - experts // 8) / gib  # elements of the experts a rank does not own
+    # Forward: two layers (the current and the prefetched) in bf16.
+    for phase in ("old_log_prob/forward", "update/forward"):
+        drop = fsdp.phases[phase].peak_gib - ep.phases[phase].peak_gib
+        assert drop == pytest.approx(2 * 2 * other, abs=0.01), phase
+    # Backward: a layer's gradients too (its largest moment may then be another one).
+    backward = fsdp.phases["update/backward"].peak_gib - ep.phases["update/backward"].peak_gib
+    assert backward > 2 * 2 * other + 0.5
+    assert ep.peak_gib == fsdp.peak_gib and ep.peak_phase == "update/optimizer_step"
+    assert "each rank owns 16 of 128 experts" in format_plan(ep)
+    with pytest.raises(ValueError, match=r"actor\.ep_size \(3\) must divide trainer\.num_workers"):
+        plan("actor.ep_size=3")
