@@ -13,7 +13,15 @@ from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, count, is_layer,
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
 
-__all__ = ["Adapters", "adapters_of", "engine_lora_rank", "lora_rank_of", "lora_targets"]
+__all__ = [
+    "Adapters",
+    "adapters_of",
+    "adapts_experts",
+    "engine_lora_rank",
+    "expert_adapters",
+    "lora_rank_of",
+    "lora_targets",
+]
 
 
 def lora_rank_of(config: TrainerRunConfig, lora_rank: int = 0) -> int:
@@ -46,14 +54,53 @@ class Adapters:
     largest_adapted: int
 
 
+def adapts_experts(config: TrainerRunConfig, shape: ModelShape) -> bool:
+    """Named targets (not all-linear) that peft puts on a mixture of experts' stacked experts
+    (hybrid.workers.lora.target_modules: gate_proj with up_proj, down_proj)."""
+    targets = config.model.lora.target_modules
+    named = not isinstance(targets, str)
+    return named and bool(shape.num_experts) and bool(set(targets) & set(EXPERT_LORA_TARGETS))
+
+
+EXPERT_LORA_TARGETS = ("gate_proj", "up_proj", "down_proj")
+
+
+def expert_adapters(
+    shape: ModelShape, rank: int, targets: tuple[str, ...]
+) -> list[tuple[str, tuple[int, ...]]]:
+    """peft's adapters on the stacked experts [E, d1, d2]: A (E * r, d2) and B (d1, r * E), the
+    fused gate_up_proj at twice the rank (its gate and up halves)."""
+    ranks = {
+        "gate_up_proj": 2 * rank if {"gate_proj", "up_proj"} <= set(targets) else 0,
+        "down_proj": rank if "down_proj" in targets else 0,
+    }
+    adapters = []
+    for name, dims in shape.params:
+        short = name.rsplit(".", 1)[-1]
+        if ".mlp.experts." in name and len(dims) == 3 and ranks.get(short):
+            experts, rows, cols = dims
+            r = ranks[short]
+            adapters.append((f"{name}.lora_A.weight", (experts * r, cols)))
+            adapters.append((f"{name}.lora_B.weight", (rows, r * experts)))
+    return adapters
+
+
 @functools.cache
-def adapters_of(shape: ModelShape, rank: int, targets: tuple[str, ...], world: int) -> Adapters:
-    """The rank-`rank` adapters on `targets`, sharded over `world` ranks."""
+def adapters_of(
+    shape: ModelShape, rank: int, targets: tuple[str, ...], world: int, experts: bool = False
+) -> Adapters:
+    """The rank-`rank` adapters on `targets`, sharded over `world` ranks; `experts`: on the
+    stacked experts too (adapts_experts)."""
     # lora_params names: `model.layers.3.mlp.up_proj.lora_A.weight` (module short name at -3)
     adapters = [(n, d) for n, d in shape.lora_params(rank) if n.split(".")[-3] in targets]
     params = dict(shape.params)
     modules = dict.fromkeys(name.rsplit(".lora_", 1)[0] for name, _ in adapters)
     bases = [(f"{m}.weight", params[f"{m}.weight"]) for m in modules]
+    if experts:
+        on_experts = expert_adapters(shape, rank, targets)
+        stacked = dict.fromkeys(name.rsplit(".lora_", 1)[0] for name, _ in on_experts)
+        adapters += on_experts
+        bases += [(m, params[m]) for m in stacked]
     shards = [-(-rows // world) * cols for _, (rows, cols) in adapters]
 
     def per_layer(items: list[tuple[str, tuple[int, ...]]]) -> int:

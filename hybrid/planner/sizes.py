@@ -17,7 +17,13 @@ import torch
 from hybrid.dtypes import ComputeDtypes, Hardware, dtype_bytes
 from hybrid.memory.model_shape import ModelShape
 from hybrid.memory.records import GIB
-from hybrid.planner.adapters import Adapters, adapters_of, engine_lora_rank, lora_targets
+from hybrid.planner.adapters import (
+    Adapters,
+    adapters_of,
+    adapts_experts,
+    engine_lora_rank,
+    lora_targets,
+)
 from hybrid.planner.passes import (
     Bytes,
     MicroBatch,
@@ -112,7 +118,8 @@ class WorkerSizes:
 
     @property
     def lora(self) -> Adapters:
-        return adapters_of(self.shape, self.lora_rank, lora_targets(self.config), self.shard_world)
+        targets, experts = lora_targets(self.config), adapts_experts(self.config, self.shape)
+        return adapters_of(self.shape, self.lora_rank, targets, self.shard_world, experts)
 
     @property
     def adapter_sync(self) -> bool:

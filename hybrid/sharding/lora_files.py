@@ -30,9 +30,12 @@ def is_lora_name(name: str) -> bool:
 
 
 def hf_name(peft_name: str) -> str:
-    """The Hugging Face name of a base parameter of the peft model."""
+    """The Hugging Face name of a base parameter of the peft model (a stacked expert tensor
+    with adapters on two of its module's parameters sits under two nested wrappers)."""
     name = peft_name.removeprefix(_PEFT_PREFIX)
-    return name.replace(".base_layer.", ".")
+    while ".base_layer." in name:
+        name = name.replace(".base_layer.", ".")
+    return name
 
 
 def adapter_file_name(peft_name: str) -> str:
@@ -49,6 +52,34 @@ def merge_into_base(
 
 
 @dataclass(frozen=True)
+class ExpertAdapter:
+    """The adapter peft's ParamWrapper puts on one stacked expert tensor [E, d1, d2]: lora_A
+    [E * r, d2] and lora_B [d1, r * E] hold every expert's factors side by side."""
+
+    lora_a: str
+    lora_b: str
+    """The adapter tensors' names in the peft model."""
+    num_experts: int
+    scaling: float
+    """alpha / r of this wrapper (peft gives a fused gate_up_proj twice the rank and alpha)."""
+
+
+def merge_experts_into_base(
+    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, adapter: ExpertAdapter
+) -> torch.Tensor:
+    """Every expert's W_e + scaling * B_e @ A_e, in fp32, returned in the base's dtype.
+
+    base (E, d1, d2); lora_a (E * r, d2): expert e's rows e*r .. e*r + r-1; lora_b (d1, r * E):
+    rank j of expert e in column j * E + e (peft's layout for transformers' experts, whose
+    weights are not stored transposed)."""
+    experts = adapter.num_experts
+    a = lora_a.float().reshape(experts, -1, lora_a.shape[-1])  # (E, r, d2)
+    b = lora_b.float().reshape(lora_b.shape[0], -1, experts).permute(2, 0, 1)  # (E, d1, r)
+    merged = base.float() + adapter.scaling * torch.bmm(b, a)
+    return merged.to(base.dtype)
+
+
+@dataclass(frozen=True)
 class AdapterSpec:
     """What an adapter_config.json says: the adapter's shape and its base model."""
 
@@ -58,6 +89,11 @@ class AdapterSpec:
     target_modules: tuple[str, ...]
     """Module names that carry adapters ("all-linear" resolved)."""
     base_model_path: str
+    target_parameters: tuple[str, ...] = ()
+    """Stacked expert tensors that carry adapters (peft's ParamWrapper)."""
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    alpha_pattern: tuple[tuple[str, int], ...] = ()
+    """peft's per-name rank and alpha where they differ (a fused gate_up_proj: twice each)."""
 
     @property
     def scaling(self) -> float:
@@ -80,6 +116,9 @@ def write_adapter_config(directory: Path, spec: AdapterSpec) -> None:
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
         target_modules=sorted(spec.target_modules),
+        target_parameters=sorted(spec.target_parameters) or None,
+        rank_pattern=dict(spec.rank_pattern),
+        alpha_pattern=dict(spec.alpha_pattern),
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=spec.base_model_path,

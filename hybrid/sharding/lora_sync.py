@@ -8,7 +8,8 @@ Two modes (`sync.lora_mode`):
            public LoRA API takes adapters from a path; /dev/shm keeps it off the disk.
   merge:   every sync sends full weights with the adapters folded in, W + (alpha / r) B A in
            fp32, cast to the engine's dtype: the engine needs no LoRA support (TRL's way; the
-           slow baseline).
+           slow baseline). Adapters on a mixture of experts' stacked experts are merged
+           expert by expert (merge_experts_into_base); they have no adapter mode.
 `sync.layered_summon` gathers one decoder layer's tensors at a time (else all at once), so
 the peak is one layer's adapters (adapter) or one layer's base + adapters (merge).
 """
@@ -34,8 +35,10 @@ from hybrid.sharding.gather import (
 )
 from hybrid.sharding.lora_files import (
     AdapterSpec,
+    ExpertAdapter,
     hf_name,
     is_lora_name,
+    merge_experts_into_base,
     merge_into_base,
     write_adapter_config,
     write_adapter_weights,
@@ -72,11 +75,18 @@ class LoraSync:
     """Gathers a peft actor's tensors for the engine: its base, its adapter, or both merged."""
 
     def __init__(
-        self, actor: torch.nn.Module, spec: AdapterSpec, directory: Path, dtype: torch.dtype
+        self,
+        actor: torch.nn.Module,
+        spec: AdapterSpec,
+        directory: Path,
+        dtype: torch.dtype,
+        experts: dict[str, ExpertAdapter] | None = None,
     ) -> None:
         """`dtype` is the engine's: every tensor handed over is cast to it (the merge itself
-        runs in fp32)."""
+        runs in fp32). `experts`: the adapters on stacked expert tensors, by the peft name of
+        the tensor each adapts (hybrid.workers.lora.expert_adapters)."""
         self.spec = spec
+        self.experts = experts or {}
         self.directory = directory
         self.dtype = dtype
         named: list[NamedParam] = list(actor.named_parameters())
@@ -138,7 +148,11 @@ class LoraSync:
                     continue
                 module = name.rsplit(".base_layer.", 1)[0]
                 lora_a = full.get(f"{module}.lora_A.default.weight")
-                if name.endswith(".base_layer.weight") and lora_a is not None:
+                expert = self.experts.get(name)
+                if expert is not None:  # a layer's group holds its experts' adapters too
+                    a, b = full[expert.lora_a], full[expert.lora_b]
+                    tensor = merge_experts_into_base(tensor, a, b, expert)
+                elif name.endswith(".base_layer.weight") and lora_a is not None:
                     lora_b = full[f"{module}.lora_B.default.weight"]
                     tensor = merge_into_base(tensor, lora_a, lora_b, self.spec.scaling)
                 merged.append((hf_name(name), tensor))

@@ -124,7 +124,11 @@ class Driver:
     def __init__(self, config: TrainerRunConfig) -> None:
         config.check_paths()
         check_lora_setup(
-            config.model.path, config.model.lora, config.sync.lora_mode, config.rollout.engine
+            config.model.path,
+            config.model.lora,
+            config.sync.lora_mode,
+            config.rollout.engine,
+            config.actor.ep_size,
         )
         c = self.config = config
         tokenizer = load_tokenizer(c.model.path)

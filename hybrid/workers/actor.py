@@ -38,7 +38,7 @@ from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
-from hybrid.workers.lora import adapter_spec, adapters_disabled
+from hybrid.workers.lora import adapter_spec, adapters_disabled, expert_adapters
 from hybrid.workers.parallel import ParallelState, init_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.routing import MoeRouting
@@ -104,6 +104,7 @@ class ActorWorker(Worker):
                 adapter_spec(self.model, lora, c.model.path),
                 adapter_directory(self.rank),
                 torch_dtype(self.dtypes.rollout),
+                expert_adapters(self.model),
             )
             if lora.enabled
             else None

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybrid.sharding.lora_files import ADAPTER_NAME, AdapterSpec, is_lora_name
+from hybrid.sharding.lora_files import ADAPTER_NAME, AdapterSpec, ExpertAdapter, is_lora_name
 from hybrid.workers.config import ALL_LINEAR, LoraConfig
 
 LORA_ADAPTER_DIR = "lora_adapter"
@@ -52,9 +52,10 @@ def expert_aliases(model: nn.Module, names: Iterable[str]) -> set[str]:
 
 def target_modules(model: nn.Module, lora: LoraConfig) -> list[str]:
     """The module names that get adapters; an entry that matches nothing raises, listing the
-    linear modules that exist. On a mixture of experts "all-linear" leaves out the names peft
-    would put on the stacked experts (adapters on the experts are not synced here yet), and
-    naming one of them raises."""
+    linear modules that exist. On a mixture of experts "all-linear" means the attention (and
+    the dense layers' linears): it leaves out the names peft moves onto the stacked experts.
+    Naming them (`gate_proj` and `up_proj` together: the experts fuse them; `down_proj`) puts
+    adapters on every expert (peft's ParamWrapper), synced merged."""
     existing = linear_module_names(model)
     on_experts = expert_aliases(model, existing)
     if lora.target_modules == ALL_LINEAR:
@@ -65,19 +66,27 @@ def target_modules(model: nn.Module, lora: LoraConfig) -> list[str]:
             f"model.lora.target_modules: {unknown} match no linear module of "
             f"{type(model).__name__}; its decoder layers have {existing}"
         )
-    experts = [name for name in lora.target_modules if name in on_experts]
-    if experts:
-        kept = [name for name in existing if name not in on_experts]
-        raise ValueError(
-            f"model.lora.target_modules: {experts} would put adapters on the stacked experts of "
-            f"{type(model).__name__} (peft's ParamWrapper), which hybrid does not load or sync "
-            f"yet; adapt {kept} (what all-linear means for this model)"
-        )
+    if any(name in on_experts for name in lora.target_modules):
+        from peft import LoraConfig as PeftLoraConfig
+        from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+
+        probe = PeftLoraConfig(r=1, target_modules=list(lora.target_modules))
+        try:  # peft's own rules for the experts (gate and up fused: both or neither)
+            convert_peft_config_for_transformers(probe, model, None)
+        except ValueError as error:
+            raise ValueError(f"model.lora.target_modules: {error}") from None
     return list(lora.target_modules)
 
 
+def adapts_experts(model: nn.Module, lora: LoraConfig) -> bool:
+    """Whether `lora` puts adapters on a mixture of experts' stacked experts."""
+    if not lora.enabled or lora.target_modules == ALL_LINEAR:
+        return False
+    return bool(expert_aliases(model, lora.target_modules))
+
+
 def check_lora_setup(
-    model_path: str, lora: LoraConfig, lora_mode: str, engine: str = "vllm"
+    model_path: str, lora: LoraConfig, lora_mode: str, engine: str = "vllm", ep_size: int = 1
 ) -> None:
     """Fail before any worker starts: target modules the model lacks, or adapter syncs to an
     engine that cannot serve LoRA for this architecture."""
@@ -91,6 +100,20 @@ def check_lora_setup(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     target_modules(model, lora)
+    if adapts_experts(model, lora):
+        if lora_mode == "adapter":
+            raise ValueError(
+                f"sync.lora_mode=adapter: model.lora.target_modules {list(lora.target_modules)} "
+                "put adapters on the stacked experts, which no engine here serves as an "
+                "adapter; use sync.lora_mode=merge, which sends merged full weights"
+            )
+        if ep_size > 1:
+            raise ValueError(
+                f"actor.ep_size ({ep_size}) with adapters on the experts "
+                f"(model.lora.target_modules {list(lora.target_modules)}): expert parallelism "
+                "holds the base experts only; adapt the attention (all-linear) or set ep_size=1"
+            )
+        return
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
     if lora_mode == "adapter" and not engine_class(engine).supports_lora(architectures[0]):
         raise ValueError(
@@ -163,10 +186,39 @@ def initial_adapter(
 
 def adapter_spec(peft_model: nn.Module, lora: LoraConfig, base_model_path: str) -> AdapterSpec:
     """The adapter's description for its files and the sync ("all-linear" resolved)."""
+    peft: Any = peft_model
+    config = peft.peft_config[ADAPTER_NAME]
     return AdapterSpec(
         rank=lora.rank,
         alpha=lora.alpha,
         dropout=lora.dropout,
         target_modules=tuple(adapted_modules(peft_model)),
         base_model_path=base_model_path,
+        target_parameters=tuple(sorted(config.target_parameters or ())),
+        rank_pattern=tuple(sorted((config.rank_pattern or {}).items())),
+        alpha_pattern=tuple(sorted((config.alpha_pattern or {}).items())),
     )
+
+
+def expert_adapters(peft_model: nn.Module) -> dict[str, ExpertAdapter]:
+    """The adapters on stacked expert tensors (peft's ParamWrapper), by the peft name of the
+    base tensor each one adapts (for the merge)."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    names = {id(p): name for name, p in peft_model.named_parameters()}
+    adapters = {}
+    for path, module in peft_model.named_modules():
+        if not isinstance(module, ParamWrapper):
+            continue
+        if not module._did_swap_in_out_features:
+            raise ValueError(
+                f"{path}: adapters on experts stored transposed (GPT-OSS's layout) are not "
+                "merged here"
+            )
+        adapters[names[id(module.get_param())]] = ExpertAdapter(
+            lora_a=f"{path}.lora_A.{ADAPTER_NAME}.weight",
+            lora_b=f"{path}.lora_B.{ADAPTER_NAME}.weight",
+            num_experts=int(module.num_experts),
+            scaling=float(module.scaling[ADAPTER_NAME]),
+        )
+    return adapters

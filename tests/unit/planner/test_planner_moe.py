@@ -115,3 +115,26 @@ def test_expert_parallelism_leaves_the_other_experts_out_of_every_pass() -> None
     assert "each rank owns 16 of 128 experts" in format_plan(ep)
     with pytest.raises(ValueError, match=r"actor\.ep_size \(3\) must divide trainer\.num_workers"):
         plan("actor.ep_size=3")
+
+
+def test_adapters_on_the_experts_are_counted_by_hand() -> None:
+    """Named gate/up/down targets put peft's adapters on every expert (the fused gate_up at
+    twice the rank); all-linear leaves the experts alone."""
+    r = 32
+    gate_up = E * 2 * r * H + 2 * W * 2 * r * E  # A (E * 2r, H), B (2W, 2r * E)
+    down = E * r * W + H * r * E  # A (E * r, W), B (H, r * E)
+    attention = plan("model.lora.rank=32", "sync.lora_mode=merge")
+    named = plan(
+        "model.lora.rank=32",
+        "sync.lora_mode=merge",
+        "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+    )
+    extra = L * (gate_up + down)
+    assert extra == 1_962_934_272
+    text = format_plan(named)
+    assert f"{26_738_688 + extra:,} adapter parameters" in text
+    assert "26,738,688 adapter parameters" in format_plan(attention)
+    assert (
+        named.phases["update/optimizer_step"].peak_gib
+        > attention.phases["update/optimizer_step"].peak_gib
+    )
