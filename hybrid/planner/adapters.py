@@ -74,7 +74,7 @@ def expert_adapters(
         "gate_up_proj": 2 * rank if {"gate_proj", "up_proj"} <= set(targets) else 0,
         "down_proj": rank if "down_proj" in targets else 0,
     }
-    adapters = []
+    adapters: list[tuple[str, tuple[int, ...]]] = []
     for name, dims in shape.params:
         short = name.rsplit(".", 1)[-1]
         if ".mlp.experts." in name and len(dims) == 3 and ranks.get(short):

@@ -124,10 +124,7 @@ def _compare(rank: int, mesh: DeviceMesh, model_dir: Path, out: Path, ep_size: i
 
 
 def _run(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], out: Path, ep_size: int) -> dict:
-    return {
-        name: _compare(rank, mesh, d, out / name, ep_size)
-        for name, d in dirs.items()
-    }
+    return {name: _compare(rank, mesh, d, out / name, ep_size) for name, d in dirs.items()}
 
 
 def _model_dirs(root: Path) -> dict[str, Path]:
