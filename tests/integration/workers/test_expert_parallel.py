@@ -2,7 +2,7 @@
 owned by ep ranks and fed by all-to-all (hybrid.workers.expert_parallel) compute what the
 FSDP2-sharded model computes (EP = 1) on the same weights and the same per-rank data: log-probs,
 every gradient, the clipped norm and the parameters after an AdamW step; under activation
-checkpointing too. The weights EP holds reach the sync, the checkpoint and the export as they
+checkpointing too, and with LoRA on the attention. The weights EP holds reach the sync, the checkpoint and the export as they
 would without EP.
 
 Default tier: 2 ranks (efsdp 1 x ep 2), both families in one spawned run. Full tier: 4 ranks
@@ -26,6 +26,7 @@ from hybrid.models.state_dict import adapter_for
 from hybrid.sharding.full_weights import expert_buckets
 from hybrid.sharding.gather import iter_full_parameters
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
+from hybrid.workers.config import LoraConfig
 from hybrid.workers.expert_parallel import ExpertParallelExperts
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
@@ -59,7 +60,9 @@ def _train_once(
         log_probs = _token_log_probs(model, ids)
     optimizer = build_optimizer(model, **OPTIM_KWARGS)
     (-_token_log_probs(model, ids).mean()).backward()
-    grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+    grads = {
+        n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None
+    }
     grad_norm, _ = clip_and_step(model, optimizer, 0.5)
     run = {"log_probs": log_probs, "grads": grads, "grad_norm": grad_norm, "params": _full(model)}
     return model, optimizer, run
@@ -81,6 +84,10 @@ def _compare(rank: int, mesh: DeviceMesh, model_dir: Path, out: Path, ep_size: i
     _, _, recomputed = _train_once(
         rank, model_dir, mesh, expert_mesh, gradient_checkpointing=True, **fp32
     )
+    # LoRA on the attention over an expert-parallel base: the adapters learn the same.
+    lora = {"lora": LoraConfig(rank=4, alpha=8), **fp32}
+    _, _, plain_lora = _train_once(rank, model_dir, mesh, None, **lora)
+    _, _, ep_lora = _train_once(rank, model_dir, mesh, expert_mesh, **lora)
     experts = model.model.layers[1].mlp.experts
     local_rows = experts.gate_up_proj.to_local().shape
     # The streams a sync sends: the layer gather, and experts a bucket at a time.
@@ -120,6 +127,11 @@ def _compare(rank: int, mesh: DeviceMesh, model_dir: Path, out: Path, ep_size: i
         "exported": exported,
         "params_after_step": ep["params"],
         "bf16_log_prob_diff": (mixed[0] - mixed[1]).abs().max().item(),
+        "lora_grad_diff": _max_diff(
+            {n: g for n, g in plain_lora["grads"].items() if g is not None},
+            {n: g for n, g in ep_lora["grads"].items() if g is not None},
+        ),
+        "lora_log_prob_diff": (plain_lora["log_probs"] - ep_lora["log_probs"]).abs().max().item(),
     }
 
 
@@ -155,6 +167,7 @@ def _check(results: list[dict[str, Any]], dirs: dict[str, Path], local_experts: 
             assert r["bf16_log_prob_diff"] < 1e-2
             assert r["stream_equals_params"] and r["buckets_equal"]
             assert r["restored_diff"] == 0.0
+            assert r["lora_log_prob_diff"] < 1e-6 and r["lora_grad_diff"] < GRAD_ATOL
     for family, r in results[0].items():
         exported = Path(r["exported"])
         # The Hub's per-expert keys, as the source checkpoint; the trained weights, rounded
