@@ -5,8 +5,9 @@ every gradient, the clipped norm and the parameters after an AdamW step; under a
 checkpointing too, and with LoRA on the attention. The weights EP holds reach the sync, the checkpoint and the export as they
 would without EP.
 
-Default tier: 2 ranks (efsdp 1 x ep 2), both families in one spawned run. Full tier: 4 ranks
-(efsdp 2 x ep 2: the experts' rows split too).
+Default tier: 2 ranks (efsdp 1 x ep 2), the tiny Qwen3-MoE (EP touches only the routed experts,
+which both families hold alike). Full tier: Qwen2-MoE (its shared expert beside them) on 2
+ranks, and both families on 4 ranks (efsdp 2 x ep 2: the experts' rows split too).
 """
 
 from __future__ import annotations
@@ -139,12 +140,12 @@ def _run(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], out: Path, ep_size:
     return {name: _compare(rank, mesh, d, out / name, ep_size) for name, d in dirs.items()}
 
 
-def _model_dirs(root: Path) -> dict[str, Path]:
+def _model_dirs(root: Path, families: tuple[str, ...] = MOE_ARCHITECTURES) -> dict[str, Path]:
     return {
         name: build_tiny_model(
             root / name, TinyModelConfig.preset("tiny-moe", architecture=name, dtype="float32")
         )
-        for name in MOE_ARCHITECTURES
+        for name in families
     }
 
 
@@ -184,7 +185,14 @@ def _checkpoint_keys(model_dir: Path) -> set[str]:
 
 
 def test_ep2_equals_ep1_on_two_ranks(tmp_path: Path) -> None:
-    dirs = _model_dirs(tmp_path / "models")
+    dirs = _model_dirs(tmp_path / "models", ("qwen3_moe",))
+    results = _spawn(_run, tmp_path / "run", dirs, tmp_path, 2)
+    _check(results, dirs, local_experts=2)
+
+
+@pytest.mark.full
+def test_ep2_with_a_shared_expert_equals_ep1_on_two_ranks(tmp_path: Path) -> None:
+    dirs = _model_dirs(tmp_path / "models", ("qwen2_moe",))
     results = _spawn(_run, tmp_path / "run", dirs, tmp_path, 2)
     _check(results, dirs, local_experts=2)
 
