@@ -10,11 +10,13 @@ per rank and returns the function that folds the per-rank results into the calle
 | ALL_TO_ALL  | element i of every (list) argument               | list of every rank's result     |
 | RANK_ZERO   | the same arguments (all ranks run: collectives)  | rank 0's result                 |
 | DP_COMPUTE  | chunk i of every Batch argument, others as-is    | Batches concatenated in rank order (other results: the list) |
+| TRAIN_DP    | as DP_COMPUTE over the trainer's data-parallel groups: chunk i // sp to rank i (the sp ranks of a group, consecutive, get the same rows) | as DP_COMPUTE, from each group's first rank |
 
 DP_COMPUTE pads a Batch whose size is not divisible by the world size (rows repeated from its
 start, see `Batch.pad_to_multiple`) and drops the padding from the concatenated result, so
 the caller gets exactly its rows back, in order (k per input row when a method returns k
-samples per row).
+samples per row). TRAIN_DP is for trainer-side members under sequence parallelism (sp ranks
+split each sequence, hybrid.workers.sequence_parallel); with sp = 1 it is DP_COMPUTE.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Dispatch(Enum):
     ALL_TO_ALL = "all_to_all"
     RANK_ZERO = "rank_zero"
     DP_COMPUTE = "dp_compute"
+    TRAIN_DP = "train_dp"
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,14 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
 
 
 def plan_call(
-    mode: Dispatch, args: Sequence[Any], kwargs: dict[str, Any], world_size: int
+    mode: Dispatch,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    world_size: int,
+    sp_size: int = 1,
 ) -> CallPlan:
-    """Split one driver call into per-rank calls according to `mode`."""
+    """Split one driver call into per-rank calls according to `mode` (`sp_size`: the
+    trainer's sequence-parallel groups, consecutive ranks, for TRAIN_DP)."""
     if mode is Dispatch.ONE_TO_ALL:
         return CallPlan([(tuple(args), dict(kwargs))] * world_size, list)
     if mode is Dispatch.RANK_ZERO:
@@ -92,6 +100,8 @@ def plan_call(
         return CallPlan(_split_per_rank(args, kwargs, world_size), list)
     if mode is Dispatch.DP_COMPUTE:
         return _plan_dp_compute(args, kwargs, world_size)
+    if mode is Dispatch.TRAIN_DP:
+        return _plan_train_dp(args, kwargs, world_size, sp_size)
     raise AssertionError(f"unhandled dispatch mode {mode}")
 
 
@@ -162,3 +172,13 @@ def _plan_dp_compute(args: Sequence[Any], kwargs: dict[str, Any], world_size: in
         )
 
     return CallPlan(per_rank, collect)
+
+
+def _plan_train_dp(
+    args: Sequence[Any], kwargs: dict[str, Any], world_size: int, sp_size: int
+) -> CallPlan:
+    if sp_size < 1 or world_size % sp_size:
+        raise ValueError(f"sp size {sp_size} does not divide the group's {world_size} workers")
+    groups = _plan_dp_compute(args, kwargs, world_size // sp_size)
+    per_rank = [groups.per_rank[rank // sp_size] for rank in range(world_size)]
+    return CallPlan(per_rank, lambda results: groups.collect(results[::sp_size]))

@@ -196,6 +196,8 @@ class RayWorkerGroup:
     `deadlines`: every call (the members' construction included) raises StallError past its
     phase's deadline; None: calls wait as long as they run. `progress_dir`: where the workers
     write what they are doing (hybrid/controller/progress.py), which a StallError quotes.
+    `sp_size`: the trainer's sequence-parallel group size (TRAIN_DP splits by data-parallel
+    group).
     """
 
     def __init__(
@@ -206,8 +208,11 @@ class RayWorkerGroup:
         log_dir: str | Path | None = None,
         deadlines: Deadlines | None = None,
         progress_dir: str | Path | None = None,
+        sp_size: int = 1,
     ) -> None:
         ensure_ray(ray_address, quiet=log_dir is not None)
+        self.sp_size = sp_size
+        """Consecutive ranks that split one data-parallel slot's sequences (TRAIN_DP calls)."""
         self.log_dir = None if log_dir is None else str(Path(log_dir).resolve())
         progress = None if progress_dir is None else Path(progress_dir).resolve()
         self.progress_dir = None if progress is None else str(progress)
@@ -259,7 +264,7 @@ class RayWorkerGroup:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> GroupFuture:
-        plan = plan_call(spec.dispatch_mode, args, kwargs, self.world_size)
+        plan = plan_call(spec.dispatch_mode, args, kwargs, self.world_size, self.sp_size)
         refs = [
             actor.call.remote(MemberCall(member, name, rank_args, rank_kwargs))
             for actor, (rank_args, rank_kwargs) in zip(self.actors, plan.per_rank, strict=True)

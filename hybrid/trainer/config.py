@@ -534,7 +534,8 @@ class TrainerRunConfig:
     sft: SftConfig = field(default_factory=SftConfig)
 
     def __post_init__(self) -> None:
-        workers, n = self.trainer.training_workers, self.rollout.n
+        workers, n = self.data_parallel_workers, self.rollout.n
+        self._check_sequence_parallel()
         self._check_sft()
         if self.data.max_prompt_length > self.rollout.prompt_length:
             raise ValueError(
@@ -646,7 +647,7 @@ class TrainerRunConfig:
                 "trainer.total_steps=0 is an SFT-only run and needs sft.train_files (empty: "
                 "SFT is off, and the run would train nothing)"
             )
-        workers = self.trainer.training_workers
+        workers = self.data_parallel_workers
         if self.sft.enabled and self.sft.batch_size % workers:
             raise ValueError(
                 f"sft.batch_size ({self.sft.batch_size}) must be divisible by "
@@ -753,7 +754,52 @@ class TrainerRunConfig:
 
     @property
     def _training_workers_field(self) -> str:
-        return "trainer.num_trainer_workers" if self.trainer.split else "trainer.num_workers"
+        field_name = "trainer.num_trainer_workers" if self.trainer.split else "trainer.num_workers"
+        return field_name if self.actor.sp_size == 1 else f"{field_name} / actor.sp_size"
+
+    @property
+    def data_parallel_workers(self) -> int:
+        """The trainer's data-parallel slots: its workers, or their sp groups with sequence
+        parallelism (the sp ranks of a slot split its sequences, not its rows)."""
+        return self.trainer.training_workers // self.actor.sp_size
+
+    def _check_sequence_parallel(self) -> None:
+        """actor.sp_size: groups of consecutive workers inside a node, on what is built for it
+        (the actor and the reference on packed rows, colocated); named before any worker."""
+        sp, t = self.actor.sp_size, self.trainer
+        if sp == 1:
+            return
+        field_name = "trainer.num_trainer_workers" if t.split else "trainer.num_workers"
+        if t.training_workers % sp:
+            raise ValueError(
+                f"actor.sp_size ({sp}) must divide {field_name} ({t.training_workers})"
+            )
+        if t.workers_per_node % sp:
+            raise ValueError(
+                f"actor.sp_size ({sp}) must divide the workers per node ({t.workers_per_node}): "
+                "an sp group's all-to-alls stay inside a node"
+            )
+        if not self.model.use_remove_padding:
+            raise ValueError(
+                f"actor.sp_size ({sp}) splits packed rows: model.use_remove_padding must be true"
+            )
+        unsupported = [
+            name
+            for name, on in (
+                ("trainer.mode=" + t.mode, t.split),
+                ("algorithm.adv_estimator=gae (the critic)", self.use_critic),
+                ("distill.teacher_path (the teacher)", self.distill.enabled),
+                ("reward.model (the reward model)", self.reward.model.enabled),
+                ("sft.train_files (the SFT stage)", self.sft.enabled),
+                ("actor.ep_size", self.actor.ep_size > 1),
+            )
+            if on
+        ]
+        if unsupported:
+            raise ValueError(
+                f"actor.sp_size ({sp}) runs the actor and the reference in colocated mode so "
+                f"far; not yet with {', '.join(unsupported)}"
+            )
 
     def check_paths(self) -> None:
         """The files a run reads exist (not part of __post_init__: the memory planner reads a
@@ -765,7 +811,10 @@ class TrainerRunConfig:
             )
         model_config = check_model_dir("model.path", self.model.path)
         if model_config is not None:
-            check_moe_fields(self.actor, model_config, f"model.path ({self.model.path})")
+            where = f"model.path ({self.model.path})"
+            check_moe_fields(self.actor, model_config, where)
+            if self.actor.sp_size > 1:
+                check_sequence_parallel_model(model_config, self.actor.sp_size, where)
         if self.distill.teacher_path is not None:
             teacher = check_model_dir("distill.teacher_path", self.distill.teacher_path)
             if teacher is not None and num_experts(teacher) and self.actor.ep_size > 1:
@@ -821,7 +870,7 @@ class TrainerRunConfig:
 
     @property
     def mini_batch_rows_per_worker(self) -> int:
-        return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.trainer.training_workers
+        return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.data_parallel_workers
 
     def worker_spec(self) -> WorkerSpec:
         """The values the workers need that the user does not set: rows per optimizer step
@@ -886,6 +935,24 @@ def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: st
             f"{model_config.get('model_type')!r}, no experts), so there is no router to replay "
             "to replay, balance or place by expert"
         )
+
+
+def check_sequence_parallel_model(model_config: dict[str, Any], sp: int, where: str) -> None:
+    """Ulysses splits attention heads over the sp ranks (hybrid.workers.ulysses's rule), and
+    the MoE routing records are not split yet."""
+    from hybrid.workers.ulysses import check_head_rule
+
+    if num_experts(model_config):
+        raise ValueError(
+            f"actor.sp_size ({sp}): {where} is a mixture of experts, which sequence "
+            "parallelism does not run yet"
+        )
+    q_heads = int(model_config["num_attention_heads"])
+    kv_heads = int(model_config.get("num_key_value_heads") or q_heads)
+    try:
+        check_head_rule(q_heads, kv_heads, sp)
+    except ValueError as error:
+        raise ValueError(f"actor.sp_size ({sp}) for {where}: {error}") from None
 
 
 def check_model_dir(field_name: str, path: str) -> dict[str, Any] | None:

@@ -319,7 +319,7 @@ class Driver:
         if self.agent is not None:
             metrics.update(self.agent.metrics)
         tokens_per_s = metrics["perf/tokens"] / step_s
-        metrics["perf/throughput"] = tokens_per_s / self.workers.members.training_workers
+        metrics["perf/throughput"] = tokens_per_s / self.config.trainer.training_workers
         return metrics
 
     def finish_step(self, sinks: Sinks, metrics: dict[str, float]) -> None:

@@ -101,7 +101,8 @@ def start(config: TrainerRunConfig) -> Placement:
 def trainer_members(
     config: TrainerRunConfig, views: dict[str, WorkerGroupView], actor_name: str, workers: int
 ) -> Members:
-    """Build the models of the trainer-side members (the actor's already started)."""
+    """Build the models of the trainer-side members (the actor's already started); `workers`:
+    the trainer's data-parallel slots (its ranks / sp)."""
     c = config
     actor = views[actor_name]
     # With LoRA the reference is the actor's own base (adapters disabled): no second model.
@@ -160,6 +161,7 @@ def start_colocated(
         log_dir=log_dir,
         deadlines=deadlines,
         progress_dir=progress_dir(c, "workers"),
+        sp_size=c.actor.sp_size,
     )
     started.append(group)
     if t.nnodes > 1:
@@ -169,7 +171,7 @@ def start_colocated(
     views = group.spawn(prefix_set={"actor_rollout", "ref", "critic", "reward_model", "teacher"})
     views["actor_rollout"].init_model()
     facts = dict(views["actor_rollout"].describe()[0])
-    members = trainer_members(c, views, "actor_rollout", t.num_workers)
+    members = trainer_members(c, views, "actor_rollout", t.num_workers // c.actor.sp_size)
     members.judge = make_judge(c, views["actor_rollout"])
     return Placement(members=members, group=group, facts=facts)
 
@@ -215,6 +217,7 @@ def start_split(
         log_dir=None if log_dir is None else Path(log_dir) / "trainer",
         deadlines=deadlines,
         progress_dir=progress_dir(c, "trainer"),
+        sp_size=c.actor.sp_size,
     )
     started.append(group)
     if t.nnodes > 1:  # the trainers' checkpoints and the weight versions need a shared disk
@@ -226,7 +229,7 @@ def start_split(
     views = group.spawn(prefix_set={"trainer", "ref", "critic", "reward_model", "teacher"})
     engines = explorers.init_engine.submit()  # the explorers start while the trainers do
     views["trainer"].init_model()
-    members = trainer_members(c, views, "trainer", t.num_trainer_workers)
+    members = trainer_members(c, views, "trainer", t.num_trainer_workers // c.actor.sp_size)
     members.judge = make_judge(c, explorers)
     engines.get()
     facts = dict(views["trainer"].describe()[0])

@@ -72,6 +72,7 @@ class ActorWorker(Worker):
             c.rollout.tensor_parallel_size,
             c.actor.hsdp_replicas,
             c.actor.ep_size,
+            c.actor.sp_size,
         )
         device = self.parallel.device
         self.hardware = Hardware.detect(device)
@@ -115,6 +116,7 @@ class ActorWorker(Worker):
             a.use_dynamic_bsz,
             a.ppo_max_token_len_per_gpu,
             "actor.ppo_max_token_len_per_gpu",
+            sp=self.parallel.sp,
         )
         self.log_prob_pass = pass_config(
             c.model,
@@ -122,6 +124,7 @@ class ActorWorker(Worker):
             a.use_dynamic_bsz,
             a.log_prob_max_token_len_per_gpu,
             "actor.log_prob_max_token_len_per_gpu",
+            sp=self.parallel.sp,
         )
         self.ref_pass = pass_config(
             c.model,
@@ -129,6 +132,7 @@ class ActorWorker(Worker):
             c.ref.use_dynamic_bsz,
             c.ref.log_prob_max_token_len_per_gpu,
             "ref.log_prob_max_token_len_per_gpu",
+            sp=self.parallel.sp,
         )
         routers = find_routers(self.model)
         self.routing = MoeRouting(routers) if routers else None
@@ -141,6 +145,7 @@ class ActorWorker(Worker):
             self.update_pass,
             self.ledger,
             self.routing,
+            self.parallel.data_parallel_group,
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
         self.sft = SftTrainer(
@@ -183,7 +188,7 @@ class ActorWorker(Worker):
 
     # --- training ------------------------------------------------------------------------
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The actor's log-probs and entropy of `responses` (old_log_probs for PPO)."""
         with self._phase("old_log_prob", caller="compute_log_prob"):
@@ -206,7 +211,7 @@ class ActorWorker(Worker):
             out[ROUTED_EXPERTS] = scored[ROUTED_EXPERTS]
         return Batch.from_dict(out)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """The reference policy's log-probs with LoRA: the actor with its adapters disabled,
         i.e. the frozen base model (no second copy of the weights)."""
@@ -224,12 +229,12 @@ class ActorWorker(Worker):
             self.ledger.record("ref/forward", reuse_components=True)
         return Batch.from_dict({"ref_log_prob": scored["log_probs"].cpu()})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         with self._phase("update", with_optimizer=True, caller="update_actor"):
             return self.trainer.update(batch.to(self.parallel.device))
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def sft_update(self, batch: Batch, lr: float) -> dict[str, float]:
         """One SFT optimizer step on this rank's rows (hybrid.workers.sft) at learning rate
         `lr` (sft.lr; end_sft puts actor.optim.lr back)."""

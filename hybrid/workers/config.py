@@ -321,11 +321,20 @@ class ActorConfig(MicroBatching):
     like every other weight. Must divide the trainer's workers and the number of experts;
     the reference, critic and teacher share the mesh."""
 
+    sp_size: int = 1
+    """Ulysses sequence parallelism (docs/long-context.md): groups of sp consecutive workers
+    split each packed sequence, attention by all-to-all, so one rank holds 1 / sp of a
+    sequence's activations. Must divide the trainer's workers and the workers per node, and
+    the model's query heads (its kv heads divisible by sp or dividing it). The reference
+    shares it."""
+
     def __post_init__(self) -> None:
         self.optim.check("actor.optim")
         self.precision.check("actor.precision")
         self.check_micro_batches("actor")
-        check_positive("actor", hsdp_replicas=self.hsdp_replicas, ep_size=self.ep_size)
+        check_positive(
+            "actor", hsdp_replicas=self.hsdp_replicas, ep_size=self.ep_size, sp_size=self.sp_size
+        )
         if self.ep_size > 1 and self.hsdp_replicas > 1:
             raise ValueError(
                 f"actor.ep_size ({self.ep_size}) with actor.hsdp_replicas "

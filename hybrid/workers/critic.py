@@ -79,6 +79,7 @@ class CriticWorker(Worker):
             c.rollout.tensor_parallel_size,
             c.actor.hsdp_replicas,
             c.actor.ep_size,
+            c.actor.sp_size,
         )
         self.device = parallel.device
         precision = critic.precision
@@ -144,7 +145,7 @@ class CriticWorker(Worker):
             "critic_optimizer_state": optimizer_state_bytes(self.optimizer),
         }
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's value of every response token (the state before it)."""
         with self.offloader.phase("values", self.ledger):
@@ -153,7 +154,7 @@ class CriticWorker(Worker):
             self.ledger.record("values/forward", reuse_components=True)
         return Batch.from_dict({"values": values.cpu()})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         with self.offloader.phase("update_critic", self.ledger, with_optimizer=True):
             return self.trainer.update(batch.to(self.device))

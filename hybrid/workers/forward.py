@@ -22,6 +22,12 @@ from hybrid.workers.log_prob_head import scoring_head
 from hybrid.workers.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
 from hybrid.workers.routing import MoeRouting
+from hybrid.workers.sequence_parallel import (
+    SpGroup,
+    gather_scores,
+    shard_inputs,
+    ulysses_attention_on,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class PassConfig:
     """Token budget per micro-batch (use_dynamic_bsz), else None."""
     budget_field: str = "max_tokens"
     """The config field of max_tokens, for errors."""
+    sp: SpGroup | None = None
+    """Ulysses sequence parallelism: this rank scores its slice of each packed row."""
 
 
 def pass_config(
@@ -46,13 +54,18 @@ def pass_config(
     use_dynamic_bsz: bool,
     max_tokens: int,
     budget_field: str,
+    sp: SpGroup | None = None,
 ) -> PassConfig:
+    """A rank's pass; under sequence parallelism a micro-batch's token budget is the sp
+    group's (each rank holds 1 / sp of it)."""
+    budget = max_tokens * (1 if sp is None else sp.size)
     return PassConfig(
         micro_batch_size=micro_batch_size,
         packed=model.use_remove_padding,
         chunk_tokens=model.log_prob_chunk_tokens,
-        max_tokens=max_tokens if use_dynamic_bsz else None,
+        max_tokens=budget if use_dynamic_bsz else None,
         budget_field=budget_field,
+        sp=sp,
     )
 
 
@@ -82,30 +95,46 @@ def score_micro_batch(
     (the entropy only with `entropy_grad`: the full-logits baseline keeps (n, vocab)
     probabilities alive for its backward otherwise)."""
     inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
-    if config.chunk_tokens:
-        with scoring_head(
-            model, inputs.score_index, inputs.labels, config.chunk_tokens, with_entropy
-        ):
-            scored = _run(model, inputs)
-        log_probs, entropy = scored[:, 0], scored[:, 1] if with_entropy else None
-    else:  # the full (rows, width, vocab) logits: the baseline the chunked head replaces
-        logits = _run(model, inputs).flatten(0, 1)[inputs.score_index]
-        log_probs = log_probs_from_logits(logits, inputs.labels)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-            entropy = entropy_from_logits(logits) if with_entropy else None
+    if config.sp is None:
+        log_probs, entropy = _score(model, inputs, config, with_entropy, entropy_grad)
+    else:  # this rank's slice of the row; the scalars of every slice gathered
+        shard = shard_inputs(inputs, config.sp.rank, config.sp.size)
+        with ulysses_attention_on(config.sp.group):
+            local, local_entropy = _score(model, shard.inputs, config, with_entropy, entropy_grad)
+        columns = [local] if local_entropy is None else [local, local_entropy]
+        gathered = gather_scores(torch.stack(columns, dim=1), shard, config.sp)
+        log_probs = gathered[:, 0]
+        entropy = gathered[:, 1] if local_entropy is not None else None
     return Scores(
         log_probs=inputs.scatter(log_probs),
         entropy=None if entropy is None else inputs.scatter(entropy),
     )
 
 
+def _score(
+    model: torch.nn.Module,
+    inputs: ModelInputs,
+    config: PassConfig,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(n,) log-probs and entropy at `inputs.score_index`."""
+    if config.chunk_tokens:
+        with scoring_head(
+            model, inputs.score_index, inputs.labels, config.chunk_tokens, with_entropy
+        ):
+            scored = _run(model, inputs)
+        return scored[:, 0], scored[:, 1] if with_entropy else None
+    # The full (rows, width, vocab) logits: the baseline the chunked head replaces.
+    logits = _run(model, inputs).flatten(0, 1)[inputs.score_index]
+    log_probs = log_probs_from_logits(logits, inputs.labels)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+        entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
 def _run(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
-    return model(
-        input_ids=inputs.input_ids,
-        attention_mask=inputs.attention_mask,
-        position_ids=inputs.position_ids,
-        use_cache=False,
-    ).logits
+    return model(**inputs.model_kwargs()).logits
 
 
 @torch.no_grad()

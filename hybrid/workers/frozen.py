@@ -15,6 +15,7 @@ from hybrid.sharding.offload import Offloader
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.fsdp import build_fsdp_model
 from hybrid.workers.parallel import init_parallel
+from hybrid.workers.sequence_parallel import SpGroup
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class FrozenModel:
     device: torch.device
     offloader: Offloader
     """Moves its parameters off the device between passes (when param_offload is on)."""
+    sp: SpGroup | None = None
+    """This rank's sequence-parallel group (the passes that split sequences)."""
 
 
 def build_frozen_model(
@@ -40,6 +43,7 @@ def build_frozen_model(
         config.rollout.tensor_parallel_size,
         config.actor.hsdp_replicas,
         config.actor.ep_size,
+        config.actor.sp_size,
     )
     dtype = torch_dtype(dtype_for(Hardware.detect(parallel.device)))
     model = build_fsdp_model(
@@ -54,4 +58,4 @@ def build_frozen_model(
         expert_mesh=parallel.expert_mesh,
     )
     offloader = Offloader(model, None, parallel.device, param_offload, optimizer_offload=False)
-    return FrozenModel(model, parallel.device, offloader)
+    return FrozenModel(model, parallel.device, offloader, parallel.sp)

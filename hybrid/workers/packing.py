@@ -15,8 +15,10 @@ tokens, and `target` where each score goes in the flattened (b, R) output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from hybrid.data import Batch
 
@@ -30,6 +32,29 @@ class ModelInputs:
     labels: torch.Tensor  # (n,) the response tokens scored
     target: torch.Tensor  # (n,) into the flattened (b x R) output
     response_shape: tuple[int, int]  # (b, R)
+    cu_seqlens: torch.Tensor | None = None
+    """Packed: (sequences + 1,) int32, where each sequence starts in the row and where the
+    last ends (what varlen attention reads instead of re-deriving it from positions)."""
+    max_seqlen: int = 0
+    """Packed: the longest sequence's tokens."""
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """What the model is called with: ids, mask, positions, and for a packed row its
+        sequence bounds under transformers' varlen names (they reach the attention function)."""
+        kwargs: dict[str, Any] = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+        }
+        if self.cu_seqlens is not None:
+            kwargs.update(
+                cu_seq_lens_q=self.cu_seqlens,
+                cu_seq_lens_k=self.cu_seqlens,
+                max_length_q=self.max_seqlen,
+                max_length_k=self.max_seqlen,
+            )
+        return kwargs
 
     def scatter(self, scores: torch.Tensor) -> torch.Tensor:
         """(n,) scores to (b, R), zero at padding; differentiable."""
@@ -82,6 +107,7 @@ def packed_inputs(micro: Batch) -> ModelInputs:
     # Row-major order: the packed index of each valid token is its rank among valid tokens.
     packed_index = valid.flatten().cumsum(0) - 1
     width = valid.shape[1]
+    lengths = valid.sum(dim=1)
     return ModelInputs(
         input_ids=t["input_ids"][valid].unsqueeze(0),
         position_ids=t["position_ids"][valid].unsqueeze(0),
@@ -90,4 +116,11 @@ def packed_inputs(micro: Batch) -> ModelInputs:
         labels=labels,
         target=rows * t["responses"].shape[1] + cols,
         response_shape=tuple(t["responses"].shape),  # type: ignore[arg-type]
+        cu_seqlens=cu_seqlens(lengths),
+        max_seqlen=int(lengths.max()),
     )
+
+
+def cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    """(n + 1,) int32: 0, then the running total of the (n,) sequence lengths."""
+    return F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)

@@ -4,6 +4,9 @@
                 (replicas, world / replicas)  with HSDP: shard within a group of consecutive
                                    ranks (a node), replicate across groups
   rollout mesh  (world / tp, tp)   vLLM tensor parallelism inside each data-parallel group
+  sp mesh       (world / sp, sp)   Ulysses sequence parallelism (actor.sp_size > 1): the ranks
+                                   of an sp group (consecutive) share one data-parallel slot
+                                   and split its sequences (hybrid.workers.sequence_parallel)
   expert mesh   (world / ep, ep)   expert parallelism (actor.ep_size > 1): a mixture of
                                    experts' experts owned by ep ranks, their rows split over
                                    the first dim (hybrid.workers.expert_parallel)
@@ -22,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from hybrid.controller import RankEnv
 from hybrid.rollout.engine_args import EngineSite
 from hybrid.workers.expert_parallel import expert_mesh_shape
+from hybrid.workers.sequence_parallel import SpGroup
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,36 @@ class ParallelState:
     """2-D, dims ("dp", "tp")."""
     expert_mesh: DeviceMesh | None = None
     """2-D, dims ("efsdp", "ep"), with expert parallelism; None without."""
+    sp_mesh: DeviceMesh | None = None
+    """2-D, dims ("dp", "sp"), with sequence parallelism; None without."""
+
+    @property
+    def sp_size(self) -> int:
+        return 1 if self.sp_mesh is None else self.sp_mesh.size(1)
+
+    @property
+    def sp_group(self) -> dist.ProcessGroup | None:
+        """The ranks that split one data-parallel slot's sequences (None: no SP)."""
+        return None if self.sp_mesh is None else self.sp_mesh.get_group("sp")
+
+    @property
+    def sp(self) -> SpGroup | None:
+        """This rank's sequence-parallel group, for the passes that split sequences."""
+        if self.sp_mesh is None:
+            return None
+        return SpGroup(
+            self.sp_mesh.get_group("sp"), self.sp_mesh.get_local_rank("sp"), self.sp_size
+        )
+
+    @property
+    def data_parallel_group(self) -> dist.ProcessGroup | None:
+        """The trainer's data-parallel ranks of this rank (one per sp group): what loss
+        normalisers and summed metrics reduce over. None: every rank (no SP)."""
+        return None if self.sp_mesh is None else self.sp_mesh.get_group("dp")
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.rank_env.world_size // self.sp_size
 
     @property
     def hsdp_replicas(self) -> int:
@@ -81,17 +115,27 @@ def fsdp_mesh_shape(world: int, hsdp_replicas: int) -> tuple[tuple[int, ...], tu
 
 
 def init_parallel(
-    rank_env: RankEnv, tensor_parallel_size: int = 1, hsdp_replicas: int = 1, ep_size: int = 1
+    rank_env: RankEnv,
+    tensor_parallel_size: int = 1,
+    hsdp_replicas: int = 1,
+    ep_size: int = 1,
+    sp_size: int = 1,
 ) -> ParallelState:
     """Initialise (once) the process group and meshes of this worker process."""
     global _STATE
     if _STATE is not None:
-        asked = (rank_env, tensor_parallel_size, hsdp_replicas, ep_size)
-        held = (_STATE.rank_env, _STATE.tp_size, _STATE.hsdp_replicas, _STATE.ep_size)
+        asked = (rank_env, tensor_parallel_size, hsdp_replicas, ep_size, sp_size)
+        held = (
+            _STATE.rank_env,
+            _STATE.tp_size,
+            _STATE.hsdp_replicas,
+            _STATE.ep_size,
+            _STATE.sp_size,
+        )
         if asked != held:
             raise RuntimeError(
-                f"this process already set up parallel state (rank env, tp, hsdp replicas, ep) "
-                f"= {held}; asked again with {asked}"
+                "this process already set up parallel state (rank env, tp, hsdp replicas, ep, "
+                f"sp) = {held}; asked again with {asked}"
             )
         return _STATE
     world = rank_env.world_size
@@ -102,6 +146,7 @@ def init_parallel(
     mesh_shape, mesh_names = fsdp_mesh_shape(world, hsdp_replicas)
     assert ep_size == 1 or hsdp_replicas == 1, "expert parallelism runs over plain FSDP"
     expert_shape = expert_mesh_shape(world, ep_size)
+    assert world % sp_size == 0, "sp divides the trainer's world (checked at start-up)"
     device = _pick_device(rank_env)
     if not dist.is_initialized():
         dist.init_process_group(
@@ -123,6 +168,11 @@ def init_parallel(
         expert_mesh=(
             init_device_mesh(device.type, expert_shape, mesh_dim_names=("efsdp", "ep"))
             if ep_size > 1
+            else None
+        ),
+        sp_mesh=(
+            init_device_mesh(device.type, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
+            if sp_size > 1
             else None
         ),
     )

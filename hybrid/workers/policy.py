@@ -69,9 +69,12 @@ class PolicyTrainer:
         pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
         routing: MoeRouting | None = None,
+        dp_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.model = model
         self.routing = routing
+        self.dp_group = dp_group
+        """The data-parallel ranks (one per sp group) the normalisers sum over; None: all."""
         """The MoE routers' hooks (None: a dense model)."""
         self.optimizer = optimizer
         self.config = config
@@ -115,8 +118,11 @@ class PolicyTrainer:
     def _step(self, mini: Batch) -> dict[str, float]:
         c, spec = self.config, self.spec
         device = mini.tensors["response_mask"].device
-        local_tokens, global_tokens, global_seqs = normalisers(mini)
+        local_tokens, global_tokens, global_seqs = normalisers(mini, self.dp_group)
+        # FSDP2 averages gradients over every rank: the loss is scaled by their count. The
+        # driver averages the metrics over data-parallel ranks (an sp group reports once).
         scale = dist.get_world_size() if dist.is_initialized() else 1
+        metric_scale = data_parallel_size(self.dp_group)
         # Without old log-probs the update is on-policy (one epoch, one mini-batch): they are
         # this pass's own, detached; the ratio is exactly 1 and the extra pass is skipped.
         on_policy = "old_log_probs" not in mini
@@ -125,7 +131,7 @@ class PolicyTrainer:
         kept_key = kept_fraction_key(spec)
         if kept_key is not None:
             fractions[kept_key] = 0.0
-        first_pass = FirstPassStats({"cap": spec.mismatch_cap})
+        first_pass = FirstPassStats({"cap": spec.mismatch_cap}, self.dp_group)
         pg_parts: list[tuple[float, dict[str, float]]] = []
         routing_stats = None if self.routing is None else self.routing.stats()
         if routing_stats is not None:
@@ -167,7 +173,7 @@ class PolicyTrainer:
                     kl = aggregate(
                         kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type)
                     )
-                    totals["actor/kl_loss"] += float(kl.detach()) * scale
+                    totals["actor/kl_loss"] += float(kl.detach()) * metric_scale
                 loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
                 aux = None if trace is None else trace.aux_loss()
                 if aux is not None:
@@ -175,14 +181,14 @@ class PolicyTrainer:
                     aux = aux * (float(mask.sum()) / global_tokens)
                     if c.moe_aux_loss_coef > 0:
                         loss = loss + c.moe_aux_loss_coef * aux
-                    totals["actor/moe_aux_loss"] += float(aux.detach()) * scale
+                    totals["actor/moe_aux_loss"] += float(aux.detach()) * metric_scale
                 # The forward changes nothing a component source counts (grads come in backward).
                 boundary(self.ledger, "update/forward", index, reuse_components=True)
                 (loss * scale).backward()
                 boundary(self.ledger, "update/backward", index)
                 # Scaled like the gradient: the mean over ranks is the loss of the global batch.
-                totals["actor/pg_loss"] += float(pg_loss.detach()) * scale
-                totals["actor/entropy"] += float(entropy.detach()) * scale
+                totals["actor/pg_loss"] += float(pg_loss.detach()) * metric_scale
+                totals["actor/entropy"] += float(entropy.detach()) * metric_scale
                 pg_parts.append((float(mask.sum()) / local_tokens, pg_metrics))
             if routing_stats is not None and trace is not None:
                 routing_stats.add(trace)
@@ -311,26 +317,35 @@ def boundary(
         ledger.record(phase, chunk=chunk, reuse_components=reuse_components)
 
 
-def normalisers(mini: Batch) -> tuple[float, float, float]:
+def normalisers(mini: Batch, group: dist.ProcessGroup | None = None) -> tuple[float, float, float]:
     """(this rank's response tokens, at least 1; response tokens and rows with at least one
-    response token, summed over the data-parallel ranks) of a mini-batch: the loss normalisers
-    of an update."""
+    response token, summed over the data-parallel ranks `group`) of a mini-batch: the loss
+    normalisers of an update."""
     mask = mini.tensors["response_mask"]
     tokens = float(mask.sum())
     # A fully masked row is no sequence of the seq-mean modes (aggregate_loss's contract).
     rows_with_tokens = float((mask.sum(-1) > 0).sum())
-    global_tokens, global_seqs = global_sums([tokens, rows_with_tokens], mask.device)
+    global_tokens, global_seqs = global_sums([tokens, rows_with_tokens], mask.device, group)
     return max(tokens, 1.0), global_tokens, global_seqs
 
 
-def global_sums(values: list[float], device: torch.device) -> list[float]:
-    """Each value summed over data-parallel ranks (every rank of the actor's FSDP group), in
-    one collective."""
+def global_sums(
+    values: list[float], device: torch.device, group: dist.ProcessGroup | None = None
+) -> list[float]:
+    """Each value summed over the data-parallel ranks `group` (None: every rank of the actor's
+    FSDP group; an sp group holds its rows once), in one collective."""
     if not dist.is_initialized():
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, group=group)
     return [float(v) for v in tensor.tolist()]
+
+
+def data_parallel_size(group: dist.ProcessGroup | None) -> int:
+    """Ranks of the data-parallel `group` (None: every rank)."""
+    if not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
 
 
 class FirstPassStats:
@@ -346,8 +361,10 @@ class FirstPassStats:
     interpolate each rank's sorted ratios within 1/1000 of a quantile level, for about 8 KB a
     rank."""
 
-    def __init__(self, caps: dict[str, float]) -> None:
+    def __init__(self, caps: dict[str, float], group: dist.ProcessGroup | None = None) -> None:
         self.caps = caps
+        self.group = group
+        """The data-parallel ranks whose numbers are merged (None: every rank)."""
         self.diff_sum = self.diff_max = self.compared = self.entropy_sum = self.tokens = 0.0
         self.log_ratios: list[torch.Tensor] = []
 
@@ -373,10 +390,10 @@ class FirstPassStats:
         log_ratio = torch.cat(self.log_ratios) if self.log_ratios else sums.new_zeros(0)
         local = torch.cat([sums, ratio_summary(log_ratio.to(device), self.caps)])
         # One collective for the sums, the maximum and the ratio summaries: every rank's vector.
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        world = data_parallel_size(self.group)
         every = local.new_empty(world * local.numel())
         if dist.is_initialized():
-            all_gather_single(every, local)
+            all_gather_single(every, local, group=self.group)
         else:
             every.copy_(local)
         every = every.view(world, local.numel())

@@ -49,12 +49,13 @@ class ReferenceWorker(Worker):
             c.ref.use_dynamic_bsz,
             c.ref.log_prob_max_token_len_per_gpu,
             "ref.log_prob_max_token_len_per_gpu",
+            sp=frozen.sp,
         )
 
     def _components(self) -> dict[str, ByDevice]:
         return {"ref_params": parameter_bytes(self.model)}
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         with self.ledger.timed("ref"):
             moved = self.offloader.onload_params()

@@ -168,7 +168,7 @@ class RewardModelWorker(Worker):
         rm = self.config.reward_model
         return encode_texts(texts, self.tokenizer, rm.max_length, self.templated)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def compute_rm_score(self, batch: Batch) -> Batch:
         """One score per row (rm_scores, float32) and whether its text was cut to
         reward.model.max_length tokens (rm_truncated, 0/1)."""

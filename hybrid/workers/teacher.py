@@ -117,7 +117,7 @@ class TeacherWorker(Worker):
     def _components(self) -> dict[str, ByDevice]:
         return {"teacher_params": parameter_bytes(self.model)}
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.TRAIN_DP)
     def compute_teacher_log_prob(self, batch: Batch) -> Batch:
         """The teacher's log-prob of each response token (teacher_log_prob (b, R), float32,
         0 off the response)."""

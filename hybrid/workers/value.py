@@ -35,12 +35,7 @@ UPDATE_KEYS = (
 def value_micro_batch(model: torch.nn.Module, micro: Batch, config: PassConfig) -> torch.Tensor:
     """(b, R) values of the micro-batch's response tokens; differentiable if grad is on."""
     inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
-    out = model(
-        input_ids=inputs.input_ids,
-        attention_mask=inputs.attention_mask,
-        position_ids=inputs.position_ids,
-        use_cache=False,
-    ).logits  # (rows, width, 1)
+    out = model(**inputs.model_kwargs()).logits  # (rows, width, 1)
     return inputs.scatter(out.flatten(0, 1)[inputs.score_index, 0].float())
 
 

@@ -21,6 +21,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hybrid.workers.sequence_parallel import active_group
+from hybrid.workers.ulysses import ulysses_attention
+
 NAME = "sdpa_varlen"
 # Below this many packed tokens one call with a dense block-causal mask is cheaper than one
 # call per sequence: the T^2 scores are small, and many tiny kernel calls cost more.
@@ -37,6 +40,11 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
+def bounds_from_cu_seqlens(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each packed sequence from its (n + 1,) cumulative starts."""
+    return list(itertools.pairwise(cu_seqlens.tolist()))
+
+
 def varlen_sdpa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -47,13 +55,52 @@ def varlen_sdpa_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """query (1, heads, T, d), key/value (1, kv_heads, T, d) -> (1, T, heads, d)."""
+    """query (1, heads, T, d), key/value (1, kv_heads, T, d) -> (1, T, heads, d). The packed
+    row's sequences are `cu_seq_lens_q` where the caller passes them (hybrid.workers.packing),
+    else read off the position ids. Under sequence parallelism (a pass that opened
+    `ulysses_attention_on`) the tensors are this rank's slice of the row, and the attention
+    of the whole row runs behind two all-to-alls (hybrid.workers.ulysses)."""
+    group = active_group()
+    if group is not None:
+        return ulysses_attention(
+            _attend_packed,
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            group,
+            dropout=dropout,
+            scaling=scaling,
+            **kwargs,
+        )
+    return _attend_packed(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
+
+
+def _attend_packed(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     position_ids = kwargs.get("position_ids")
-    if attention_mask is not None or position_ids is None or query.shape[0] != 1:
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    packed = cu_seqlens is not None or position_ids is not None
+    if attention_mask is not None or not packed or query.shape[0] != 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    bounds = sequence_bounds(position_ids)
+    bounds = bounds_from_cu_seqlens(cu_seqlens) if cu_seqlens is not None else None
+    if bounds is None or bounds[-1][1] != query.shape[2]:
+        # Bounds of another row (a caller that passed them for other tokens) fall back too.
+        assert position_ids is not None, "cu_seq_lens_q do not cover the row and no positions"
+        bounds = sequence_bounds(position_ids)
     gqa = query.shape[1] != key.shape[1]
     dropout_p = dropout if module.training else 0.0
     if query.shape[2] <= DENSE_MAX_TOKENS:

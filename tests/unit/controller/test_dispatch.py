@@ -88,6 +88,24 @@ def test_dp_compute_needs_a_batch_of_one_size() -> None:
         plan_call(Dispatch.DP_COMPUTE, (a, b), {}, world_size=2)
 
 
+def test_train_dp_sends_a_group_s_rows_to_its_sp_ranks_and_collects_once() -> None:
+    """4 ranks in 2 sp groups of 2 (consecutive): ranks 0, 1 get rows [0, 1, 2], ranks 2, 3
+    rows [3, 4, 0] (padded); the result is each group's first rank's, padding dropped."""
+    batch = Batch.from_dict({"x": torch.arange(5)})
+    plan = plan_call(Dispatch.TRAIN_DP, (batch,), {}, world_size=4, sp_size=2)
+    chunks = [args[0]["x"].tolist() for args, _ in plan.per_rank]
+    assert chunks == [[0, 1, 2], [0, 1, 2], [3, 4, 0], [3, 4, 0]]
+    results = [
+        Batch.from_dict({"y": args[0]["x"] * (10 + r)}) for r, (args, _) in enumerate(plan.per_rank)
+    ]
+    assert plan.collect(results)["y"].tolist() == [0, 10, 20, 36, 48]  # ranks 0 and 2
+    assert plan.collect([{"m": r} for r in range(4)]) == [{"m": 0}, {"m": 2}]
+    same = plan_call(Dispatch.TRAIN_DP, (batch,), {}, world_size=2)
+    assert [a[0]["x"].tolist() for a, _ in same.per_rank] == [[0, 1, 2], [3, 4, 0]]
+    with pytest.raises(ValueError, match="sp size 3 does not divide the group's 4 workers"):
+        plan_call(Dispatch.TRAIN_DP, (batch,), {}, world_size=4, sp_size=3)
+
+
 def test_rank_env_round_trips_through_the_environment() -> None:
     env = RankEnv(
         rank=1,
