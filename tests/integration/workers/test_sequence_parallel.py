@@ -4,7 +4,8 @@ its packed row split over the sp ranks (hybrid.workers.sequence_parallel): log-p
 entropy equal (fp32, 1e-5), with the chunked scoring head and with full logits, and every
 gradient equal. The packed rows' lengths are not multiples of sp, and the tiny models have
 one kv head (repeated for the ranks). Default tier: sp 2 on 2 ranks; full tier: sp 4 on 4
-ranks (4 query heads).
+ranks (4 query heads), and dp 2 x sp 2 on 4 ranks (two batches, the sp groups as sub-meshes)
+against plain data parallelism on the same batches.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.workers.forward import PassConfig, score_micro_batch
@@ -102,3 +103,30 @@ def test_sp2_scores_and_gradients_equal_sp1(tmp_path: Path) -> None:
 def test_sp4_scores_and_gradients_equal_sp1(tmp_path: Path) -> None:
     results = _spawn(_compare, tmp_path / "run", _dirs(tmp_path / "models", 4), 4, world=4)
     _check(results, 4)
+
+
+def _dp2_sp2(rank: int, mesh: DeviceMesh, dirs: dict[str, Path]) -> dict:
+    """dp 2 x sp 2 on 4 ranks against dp 4 with each batch on two ranks (the same mean
+    gradient as dp 2 on 2 ranks): ranks 0, 1 score batch A, ranks 2, 3 batch B."""
+    sp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "sp"))
+    group = SpGroup(sp_mesh.get_group("sp"), sp_mesh.get_local_rank("sp"), 2)
+    batch = ragged_batch(rows=6, prompt=9, response=7, seed=10 + rank // 2)
+    model_dir = dirs["qwen2"]
+    fp32 = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}
+    model = build_fsdp_model(str(model_dir), mesh, CPU, **fp32)
+    plain = _pass(model, batch, PassConfig(6), 1)
+    split = _pass(model, batch, PassConfig(6, sp=group), 2)
+    return {
+        "grads": max(
+            (plain["grads"][k] - split["grads"][k]).abs().max().item() for k in plain["grads"]
+        ),
+        "log_probs": (plain["log_probs"] - split["log_probs"]).abs().max().item(),
+    }
+
+
+@pytest.mark.full
+def test_dp2_by_sp2_equals_dp_alone(tmp_path: Path) -> None:
+    results = _spawn(_dp2_sp2, tmp_path / "run", _dirs(tmp_path / "models", 2), world=4)
+    for result in results:
+        print(f"dp 2 x sp 2: {result}")
+        assert result["grads"] < ATOL and result["log_probs"] < ATOL
