@@ -1,9 +1,10 @@
 """What the passes of the actor, the critic and the distillation teacher share in the
 planner's byte model: the largest micro-batch of a pass, FSDP2's unsharded parameters and
-gradients, the LM head's logits (full or chunked), a no-grad scoring forward, and a phase's
-peak as its largest moment. Pure arithmetic on the config and a model's shape; the derivation
-is in docs/memory-model.md ("Micro-batches", "FSDP2's unsharded parameters and gradients",
-"Logits, chunked", "Logits, full")."""
+gradients, the LM head's logits (full or chunked), a no-grad scoring forward, Ulysses' all-to-all
+under sequence parallelism, and a phase's peak as its largest moment. Pure arithmetic on the
+config and a model's shape; the derivation is in docs/memory-model.md ("Micro-batches",
+"Sequence parallelism", "FSDP2's unsharded parameters and gradients", "Logits, chunked",
+"Logits, full")."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
 
 __all__ = [
+    "ALL_TO_ALL_TENSORS",
     "CHUNK_FORWARD_FP32",
     "Bytes",
     "MicroBatch",
     "PassName",
+    "all_to_all_bytes",
     "head_chunk_bytes",
     "largest_moment",
     "logits_bytes",
@@ -35,35 +38,67 @@ Bytes = dict[str, int]
 PassName = Literal["ref", "old_log_prob", "update"]
 CHUNK_FORWARD_FP32 = 3
 """(c, V) fp32 buffers of the scoring head's forward: logits, exp / probabilities, a temporary."""
+ALL_TO_ALL_TENSORS = 4
+"""Tensors Ulysses' all-to-all holds per layer in flight: q, k, v and the attention's output."""
 
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """The largest micro-batch of one pass (docs/memory-model.md, "Micro-batches")."""
+    """The largest micro-batch of one pass on one rank (docs/memory-model.md, "Micro-batches",
+    "Sequence parallelism")."""
 
     tokens: int
-    """T: tokens the model runs on (padded: rows x S)."""
+    """T: tokens the rank runs (padded: rows x S); under sequence parallelism its slice of the
+    sp group's packed row, ceil(T / sp)."""
     scored: int
-    """n: response tokens scored (what the LM head sees in the chunked path)."""
+    """n: response tokens the rank scores (what the LM head sees in the chunked path); under
+    sequence parallelism those of its slice, at most all of them."""
     split: bool
     """Whether the pass's rows may take more than one micro-batch (the update accumulates)."""
+    sp: int = 1
+    """actor.sp_size: the ranks that split the micro-batch's row (1: none)."""
 
 
 def micro_batch_of(
-    config: TrainerRunConfig, update: bool, dynamic: bool, budget: int, micro: int
+    config: TrainerRunConfig, update: bool, dynamic: bool, budget: int, micro: int, sp: int = 1
 ) -> MicroBatch:
-    """The largest micro-batch of a pass over the rows one worker holds for it (an update:
-    its share of a mini-batch), by rows (`micro`) or by the token `budget` when `dynamic`."""
+    """The largest micro-batch of a pass over the rows one data-parallel slot holds for it (an
+    update: its share of a mini-batch), by rows (`micro`) or by the token `budget` when
+    `dynamic`, on one of the `sp` ranks that split it (the actor's and the reference's passes
+    under actor.sp_size; 1 for the others)."""
     c = config
     seq, r = c.rollout.prompt_length + c.rollout.response_length, c.rollout.response_length
-    rows = c.mini_batch_rows_per_worker if update else -(-c.rows_per_step // c.trainer.num_workers)
+    slots = c.trainer.num_workers // sp  # sp ranks share a slot's rows
+    rows = c.mini_batch_rows_per_worker if update else -(-c.rows_per_step // slots)
     if not dynamic:
         b = min(micro, rows)
-        return MicroBatch(tokens=b * seq, scored=b * r, split=b < rows)
+        return _per_rank(b * seq, b * r, b < rows, sp)
+    budget *= sp  # the sp group's budget (hybrid.workers.forward.pass_config)
     valid = min(budget, rows * seq)
     # Padded, the budget bounds the valid tokens only: a row may hold a single one.
     tokens = valid if c.model.use_remove_padding else min(budget, rows) * seq
-    return MicroBatch(tokens=tokens, scored=min(valid, rows * r), split=valid < rows * seq)
+    return _per_rank(tokens, min(valid, rows * r), valid < rows * seq, sp)
+
+
+def _per_rank(tokens: int, scored: int, split: bool, sp: int) -> MicroBatch:
+    """One rank's share of a micro-batch of `tokens`, `scored` of them scored: the whole of it
+    without sequence parallelism; under it, the rank's slice of the row (padded to a multiple
+    of sp) and the response positions in it, which may be all of its tokens (a long response
+    fills the later slices)."""
+    if sp == 1:
+        return MicroBatch(tokens=tokens, scored=scored, split=split)
+    local = -(-tokens // sp)
+    return MicroBatch(tokens=local, scored=min(local, scored), split=split, sp=sp)
+
+
+def all_to_all_bytes(shape: ModelShape, mb: MicroBatch, cb: int) -> int:
+    """Ulysses' exchange around a layer's attention (docs/memory-model.md, "Sequence
+    parallelism"): q, k, v and the output for the whole row and H/sp heads, about the bytes
+    of the rank's slice each, beside the slice's own. A bound: k and v are narrower (kv < h)
+    unless few kv heads are repeated. 0 without sequence parallelism."""
+    if mb.sp == 1:
+        return 0
+    return ALL_TO_ALL_TENSORS * mb.tokens * shape.hidden_size * cb
 
 
 def reduce_bytes(compute: str, reduce_dtype: str) -> int:
@@ -119,7 +154,9 @@ def scoring_bytes(
         }
     else:
         head = {"activations": hidden, "logits": logits_bytes(shape, mb, cb, 1, fp32_copies)}
-    return largest_moment(
-        {"unsharded_params": unsharded, "activations": mb.tokens * shape.nograd_layer(cb)},
-        {"unsharded_params": unsharded, **head},
-    )
+    layer = {
+        "unsharded_params": unsharded,
+        "activations": mb.tokens * shape.nograd_layer(cb),
+        "all_to_all": all_to_all_bytes(shape, mb, cb),
+    }
+    return largest_moment(layer, {"unsharded_params": unsharded, **head})

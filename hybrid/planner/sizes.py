@@ -28,6 +28,7 @@ from hybrid.planner.passes import (
     Bytes,
     MicroBatch,
     PassName,
+    all_to_all_bytes,
     head_chunk_bytes,
     largest_moment,
     logits_bytes,
@@ -108,8 +109,14 @@ class WorkerSizes:
 
     @property
     def world(self) -> int:
-        """Data-parallel ranks: every worker takes its own rows."""
+        """Ranks: every worker holds a shard and, in rollout mode, runs its own prompts."""
         return self.config.trainer.num_workers
+
+    @property
+    def sp(self) -> int:
+        """actor.sp_size: the ranks that split each packed row of the actor's and the
+        reference's passes (their rows go to world / sp data-parallel slots)."""
+        return self.config.actor.sp_size
 
     @property
     def shard_world(self) -> int:
@@ -293,7 +300,7 @@ class WorkerSizes:
             ),
             "update": (True, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.micro_batch_size),
         }[name]
-        return micro_batch_of(self.config, update, dynamic, budget, micro)
+        return micro_batch_of(self.config, update, dynamic, budget, micro, self.sp)
 
     def unsharded(self, dtype_bytes: int) -> int:
         """The root + the current layer + the prefetched layer, all-gathered by FSDP2."""
@@ -314,6 +321,11 @@ class WorkerSizes:
         mb, s, cb = self.micro_batch("update"), self.shape, self.cb
         saved = mb.tokens * s.saved_activations(cb, self.config.model.gradient_checkpointing)
         base = {"unsharded_params": self.unsharded(cb), "activations": saved}
+        layer = {
+            **base,
+            "activations": saved + mb.tokens * s.nograd_layer(cb),
+            "all_to_all": all_to_all_bytes(s, mb, cb),
+        }
         if self.chunked:  # the scored hidden states are saved for the head's backward
             states = mb.scored * s.hidden_size * cb
             head = {
@@ -324,7 +336,7 @@ class WorkerSizes:
         else:
             fp32 = 4 + (1 if self.config.actor.entropy_coeff > 0 else 0)  # + the entropy's graph
             head = {**base, "logits": self.logits(mb, 1, fp32)}
-        return largest_moment(head, {**base, "activations": saved + mb.tokens * s.nograd_layer(cb)})
+        return largest_moment(head, layer)
 
     def update_backward(self) -> Bytes:
         """The largest of three moments: the loss's backward through the LM head; the first
@@ -364,6 +376,7 @@ class WorkerSizes:
                 "unsharded_grads": head_grad + layer_grads,
                 "activations": saved + work,
                 "logits": kept,
+                "all_to_all": all_to_all_bytes(s, mb, cb),  # its backward's, as many
             },
             {"unsharded_grads": (0 if lora else s.root_params) * reduce, "logits": kept},
         )

@@ -764,8 +764,8 @@ class TrainerRunConfig:
         return self.trainer.training_workers // self.actor.sp_size
 
     def _check_sequence_parallel(self) -> None:
-        """actor.sp_size: groups of consecutive workers inside a node, on what is built for it
-        (the actor and the reference on packed rows, colocated); named before any worker."""
+        """actor.sp_size: groups of consecutive workers inside a node, on packed rows, for the
+        members whose passes split sequences; named before any worker starts."""
         sp, t = self.actor.sp_size, self.trainer
         if sp == 1:
             return
@@ -786,19 +786,15 @@ class TrainerRunConfig:
         unsupported = [
             name
             for name, on in (
-                ("trainer.mode=" + t.mode, t.split),
-                ("algorithm.adv_estimator=gae (the critic)", self.use_critic),
-                ("distill.teacher_path (the teacher)", self.distill.enabled),
                 ("reward.model (the reward model)", self.reward.model.enabled),
-                ("sft.train_files (the SFT stage)", self.sft.enabled),
                 ("actor.ep_size", self.actor.ep_size > 1),
             )
             if on
         ]
         if unsupported:
             raise ValueError(
-                f"actor.sp_size ({sp}) runs the actor and the reference in colocated mode so "
-                f"far; not yet with {', '.join(unsupported)}"
+                f"actor.sp_size ({sp}) does not run with {', '.join(unsupported)} yet (its "
+                "scores are not split)"
             )
 
     def check_paths(self) -> None:

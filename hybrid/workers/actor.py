@@ -149,7 +149,12 @@ class ActorWorker(Worker):
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
         self.sft = SftTrainer(
-            self.model, self.optimizer, self.update_pass, optim.max_grad_norm, self.ledger
+            self.model,
+            self.optimizer,
+            self.update_pass,
+            optim.max_grad_norm,
+            self.ledger,
+            self.parallel.data_parallel_group,
         )
         self._init_rollout()
         self.offloader.offload_optimizer()

@@ -109,6 +109,7 @@ class CriticWorker(Worker):
             critic.use_dynamic_bsz,
             critic.forward_max_token_len_per_gpu,
             "critic.forward_max_token_len_per_gpu",
+            sp=parallel.sp,
         )
         update_pass = pass_config(
             c.model,
@@ -116,6 +117,7 @@ class CriticWorker(Worker):
             critic.use_dynamic_bsz,
             critic.ppo_max_token_len_per_gpu,
             "critic.ppo_max_token_len_per_gpu",
+            sp=parallel.sp,
         )
         self.trainer = ValueTrainer(
             self.model,
@@ -125,6 +127,7 @@ class CriticWorker(Worker):
             c.derived,
             update_pass,
             self.ledger,
+            parallel.data_parallel_group,
         )
         self.ledger.track("critic", self._components)
         self.ledger.record("init/critic")

@@ -119,10 +119,7 @@ class PolicyTrainer:
         c, spec = self.config, self.spec
         device = mini.tensors["response_mask"].device
         local_tokens, global_tokens, global_seqs = normalisers(mini, self.dp_group)
-        # FSDP2 averages gradients over every rank: the loss is scaled by their count. The
-        # driver averages the metrics over data-parallel ranks (an sp group reports once).
-        scale = dist.get_world_size() if dist.is_initialized() else 1
-        metric_scale = data_parallel_size(self.dp_group)
+        scale, metric_scale = loss_scales(self.dp_group)
         # Without old log-probs the update is on-policy (one epoch, one mini-batch): they are
         # this pass's own, detached; the ratio is exactly 1 and the extra pass is skipped.
         on_policy = "old_log_probs" not in mini
@@ -339,6 +336,14 @@ def global_sums(
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, group=group)
     return [float(v) for v in tensor.tolist()]
+
+
+def loss_scales(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """(gradient scale, metric scale) of a rank's loss: FSDP2 averages gradients over every
+    rank, so the loss is scaled by their count; the driver averages metrics over the
+    data-parallel ranks `group` (an sp group reports once), so those are scaled by its size."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return world, data_parallel_size(group)
 
 
 def data_parallel_size(group: dist.ProcessGroup | None) -> int:

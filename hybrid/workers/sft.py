@@ -25,7 +25,7 @@ from hybrid.data import Batch
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
-from hybrid.workers.policy import boundary, global_sums
+from hybrid.workers.policy import boundary, global_sums, loss_scales
 
 SFT_UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
@@ -51,8 +51,11 @@ class SftTrainer:
         pass_config: PassConfig,
         max_grad_norm: float,
         ledger: MemoryLedger | None = None,
+        dp_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.model = model
+        self.dp_group = dp_group
+        """The data-parallel ranks the token count sums over (None: every rank)."""
         self.optimizer = optimizer
         self.pass_config = pass_config
         self.max_grad_norm = max_grad_norm
@@ -67,8 +70,8 @@ class SftTrainer:
             raise KeyError(f"sft_update needs batch keys {missing}; it has {batch.keys()}")
         self.model.train()
         mask = batch.tensors["response_mask"]
-        (global_tokens,) = global_sums([float(mask.sum())], mask.device)
-        scale = dist.get_world_size() if dist.is_initialized() else 1
+        (global_tokens,) = global_sums([float(mask.sum())], mask.device, self.dp_group)
+        scale, metric_scale = loss_scales(self.dp_group)
         total = 0.0
         for index, rows in enumerate(micro_batches(batch, self.pass_config)):
             micro = batch[rows]
@@ -77,7 +80,7 @@ class SftTrainer:
             boundary(self.ledger, "sft/forward", index, reuse_components=True)
             (loss * scale).backward()
             boundary(self.ledger, "sft/backward", index)
-            total += float(loss.detach()) * scale
+            total += float(loss.detach()) * metric_scale
         grad_norm, applied = clip_and_step(self.model, self.optimizer, self.max_grad_norm)
         boundary(self.ledger, "sft/optimizer_step")
         return {

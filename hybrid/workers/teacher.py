@@ -109,6 +109,7 @@ class TeacherWorker(Worker):
             distill.use_dynamic_bsz,
             distill.log_prob_max_token_len_per_gpu,
             "distill.log_prob_max_token_len_per_gpu",
+            sp=frozen.sp,
         )
         self.ledger.track("teacher", self._components)
         self.offloader.offload_params()

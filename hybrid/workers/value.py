@@ -18,8 +18,9 @@ from hybrid.memory.ledger import MemoryLedger
 from hybrid.workers.config import CriticConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
-from hybrid.workers.packing import packed_inputs, padded_inputs
-from hybrid.workers.policy import boundary, mean_over_mini_batches, normalisers
+from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
+from hybrid.workers.policy import boundary, loss_scales, mean_over_mini_batches, normalisers
+from hybrid.workers.sequence_parallel import gather_scores, shard_inputs, ulysses_attention_on
 
 UPDATE_KEYS = (
     "input_ids",
@@ -33,10 +34,21 @@ UPDATE_KEYS = (
 
 
 def value_micro_batch(model: torch.nn.Module, micro: Batch, config: PassConfig) -> torch.Tensor:
-    """(b, R) values of the micro-batch's response tokens; differentiable if grad is on."""
+    """(b, R) values of the micro-batch's response tokens; differentiable if grad is on. Under
+    sequence parallelism this rank's slice of the row, the values of every slice gathered."""
     inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
+    if config.sp is None:
+        return inputs.scatter(_values(model, inputs))
+    shard = shard_inputs(inputs, config.sp.rank, config.sp.size)
+    with ulysses_attention_on(config.sp.group):
+        local = _values(model, shard.inputs)
+    return inputs.scatter(gather_scores(local[:, None], shard, config.sp)[:, 0])
+
+
+def _values(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
+    """(n,) the value head at `inputs.score_index`."""
     out = model(**inputs.model_kwargs()).logits  # (rows, width, 1)
-    return inputs.scatter(out.flatten(0, 1)[inputs.score_index, 0].float())
+    return out.flatten(0, 1)[inputs.score_index, 0].float()
 
 
 @torch.no_grad()
@@ -64,8 +76,11 @@ class ValueTrainer:
         spec: WorkerSpec,
         pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
+        dp_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.model = model
+        self.dp_group = dp_group
+        """The data-parallel ranks the normalisers sum over (None: every rank)."""
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
@@ -85,8 +100,8 @@ class ValueTrainer:
 
     def _step(self, mini: Batch) -> dict[str, float]:
         c = self.config
-        local_tokens, global_tokens, global_seqs = normalisers(mini)
-        scale = dist.get_world_size() if dist.is_initialized() else 1
+        local_tokens, global_tokens, global_seqs = normalisers(mini, self.dp_group)
+        scale, metric_scale = loss_scales(self.dp_group)
         vf_loss = clipfrac = predicted = 0.0
         for index, rows in enumerate(micro_batches(mini, self.pass_config)):
             micro = mini[rows]
@@ -106,7 +121,7 @@ class ValueTrainer:
             boundary(self.ledger, "update_critic/forward", index, reuse_components=True)
             (loss * scale).backward()
             boundary(self.ledger, "update_critic/backward", index)
-            vf_loss += float(loss.detach()) * scale
+            vf_loss += float(loss.detach()) * metric_scale
             share = float(mask.sum()) / local_tokens
             clipfrac += float(micro_clipfrac) * share
             predicted += float((values.detach() * mask).sum()) / local_tokens
