@@ -1,8 +1,8 @@
 """`ModelShape`: the sizes of a causal LM that memory accounting needs, without its weights.
 
 A shape comes from a Hugging Face config, either read from a model directory or written
-here for a named preset (the Qwen2.5 family, and the locally built `tiny` / `bench-100m`
-models of hybrid.models). The model is constructed on the meta device (no memory, well under
+here for a named preset (the Qwen2.5 family, Qwen3-8B, Qwen3-30B-A3B, and the locally built
+`tiny` / `bench-100m` models of hybrid.models). The model is constructed on the meta device (no memory, well under
 a second even for 32B) and its `named_parameters()` give the exact parameter shapes, in the
 order FSDP2, the weight sync and vLLM see them, with a tied LM head listed once.
 
@@ -52,6 +52,14 @@ QWEN25_PRESETS: dict[str, dict[str, Any]] = {
                         tie_word_embeddings=False),
 }  # fmt: skip
 QWEN25_MAX_POSITIONS = 32768
+# Qwen3Config kwargs of the released dense Qwen3 models (their config.json files); every
+# attention has q_norm and k_norm, RMSNorms of head_dim over each head.
+QWEN3_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                     max_position_embeddings=40960),
+}  # fmt: skip
 # Qwen3MoeConfig kwargs of the released mixtures of experts (their config.json files).
 QWEN3_MOE_PRESETS: dict[str, dict[str, Any]] = {
     "Qwen3-30B-A3B": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
@@ -65,7 +73,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def known_presets() -> tuple[str, ...]:
-    return (*QWEN25_PRESETS, *QWEN3_MOE_PRESETS, *TINY_PRESETS)
+    return (*QWEN25_PRESETS, *QWEN3_PRESETS, *QWEN3_MOE_PRESETS, *TINY_PRESETS)
 
 
 @dataclass(frozen=True)
@@ -277,12 +285,14 @@ def _cached_shape(path_or_preset: str) -> ModelShape:
 
 
 def _hf_config(path_or_preset: str) -> Any:
-    from transformers import AutoConfig, Qwen2Config, Qwen3MoeConfig
+    from transformers import AutoConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if path_or_preset in QWEN25_PRESETS:
         return Qwen2Config(
             **QWEN25_PRESETS[path_or_preset], max_position_embeddings=QWEN25_MAX_POSITIONS
         )
+    if path_or_preset in QWEN3_PRESETS:
+        return Qwen3Config(**QWEN3_PRESETS[path_or_preset])
     if path_or_preset in QWEN3_MOE_PRESETS:
         return Qwen3MoeConfig(**QWEN3_MOE_PRESETS[path_or_preset])
     if path_or_preset in TINY_PRESETS:

@@ -7,7 +7,10 @@ their costliest change. LoRA comes from the config (or the `lora_rank` override,
 `plan_memory`): the reference's changes drop out (there is none), and `sync.layered_summon`
 joins for the merge mode; the distillation teacher's offload and micro-batch join with a
 teacher (distill.teacher_path). A pass with use_dynamic_bsz gets its token budget halved (down to
-the longest row, S) instead of its micro_batch_size. The node (`gpu`, `nvls`,
+the longest row, S, or S / sp per rank under sequence parallelism) instead of its
+micro_batch_size. Sequence parallelism (actor.sp_size, `with_sp`: the sizes of `sp_sizes`) is
+the dearest change; with dynamic micro-batches it comes with the actor's and the reference's
+budgets divided by sp, so that each rank holds 1 / sp of the micro-batch it held. The node (`gpu`, `nvls`,
 `host_memory_gib`) is planned as `plan_memory` does; no change here lowers host RAM (every
 offload raises it), so a config whose host RAM does not fit gets no suggestion.
 """
@@ -27,6 +30,7 @@ from hybrid.planner.plan import Plan, plan_memory
 from hybrid.planner.reserve import DEFAULT_GPU
 from hybrid.planner.sizes import gather_peak
 from hybrid.planner.teacher_sizes import teacher_of
+from hybrid.trainer.config import check_sequence_parallel_model
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -51,7 +55,9 @@ class Suggestion:
 # compute; gradient checkpointing adds ~1/3 to it; a smaller micro-batch (by rows, or by
 # tokens with use_dynamic_bsz) runs smaller, slower kernels (the no-grad passes are a smaller
 # share of a step than the update); the actor's offload moves its shards at every phase
-# boundary.
+# boundary; sequence parallelism adds four all-to-alls per layer and pass (and their backward),
+# runs smaller kernels on each rank's slice and shrinks the data-parallel size: worth it only
+# where a sequence's activations do not fit one GPU.
 CHANGE_ORDER: tuple[str, ...] = (
     "sync.gather",
     "sync.layered_summon",
@@ -75,9 +81,19 @@ CHANGE_ORDER: tuple[str, ...] = (
     "actor.micro_batch_size",
     "actor.ppo_max_token_len_per_gpu",
     "actor.offload.param_offload",
+    "actor.sp_size",
 )
 CHUNK_TOKENS = 1024
 """model.log_prob_chunk_tokens suggested for a config that has it off (its default)."""
+SP_SIZES = (2, 4, 8)
+"""The sequence-parallel sizes tried (`sp_sizes`): an sp group stays inside a node."""
+SP_BUDGETS = (
+    "actor.ppo_max_token_len_per_gpu",
+    "actor.log_prob_max_token_len_per_gpu",
+    "ref.log_prob_max_token_len_per_gpu",
+)
+"""The token budgets of the passes that run under actor.sp_size (the actor's and the
+reference's), per rank: an sp group's micro-batch holds budget x sp tokens."""
 
 
 def _get(config: Any, key: str) -> Any:
@@ -93,6 +109,46 @@ def _replace(config: Any, key: str, value: Any) -> Any:
     if rest:
         value = _replace(getattr(config, name), rest, value)
     return dataclasses.replace(config, **{name: value})
+
+
+def sp_sizes(config: TrainerRunConfig, shape: ModelShape) -> list[int]:
+    """The sizes of SP_SIZES that `config` can run at on `shape`: Ulysses' head rule and no
+    mixture of experts (hybrid.trainer.config.check_sequence_parallel_model), and the config
+    valid at that size (`with_sp`: sp divides the trainer's workers and the workers per node,
+    packed rows, the rows of a mini-batch over the data-parallel slots)."""
+    heads = {
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "num_experts": shape.num_experts,
+    }
+    sizes = []
+    for sp in SP_SIZES:
+        try:
+            check_sequence_parallel_model(heads, sp, shape.name)
+            with_sp(config, sp)
+        except ValueError:
+            continue
+        sizes.append(sp)
+    return sizes
+
+
+def with_sp(config: TrainerRunConfig, sp: int) -> tuple[TrainerRunConfig, tuple[str, ...]]:
+    """`config` at actor.sp_size=sp and its Hydra overrides. Each token budget (SP_BUDGETS)
+    of a pass with use_dynamic_bsz is scaled by the old sp / sp, so that an sp group's
+    micro-batch holds the tokens it held, each rank 1 / sp of them, and kept at or above
+    S / sp (a group must hold one whole sequence). Raises ValueError where the config is
+    invalid at that size."""
+    old, seq = config.actor.sp_size, config.rollout.prompt_length + config.rollout.response_length
+    dynamic = {"actor": config.actor.use_dynamic_bsz, "ref": config.ref.use_dynamic_bsz}
+    changed = config
+    overrides = [_override("actor.sp_size", sp)]
+    for key in SP_BUDGETS:
+        if not dynamic[key.split(".")[0]]:
+            continue  # a budget the pass does not read
+        budget = max(-(-_get(config, key) * old // sp), -(-seq // sp))
+        changed = _replace(changed, key, budget)
+        overrides.append(_override(key, budget))
+    return _replace(changed, "actor.sp_size", sp), tuple(overrides)
 
 
 def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: int) -> list[Any]:
@@ -118,6 +174,8 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
         return [] if current else [True]
     if key == "model.log_prob_chunk_tokens":
         return [CHUNK_TOKENS] if current == 0 else []
+    if key == "actor.sp_size":  # the smallest first
+        return [sp for sp in sp_sizes(config, shape) if sp > current]
     if key == "rollout.gpu_memory_utilization":  # the 0.05 grid, largest first
         usable = gpu and c.rollout.kv_cache_memory_bytes is None
         grid = [round(k * 0.05, 2) for k in range(19, 0, -1)]
@@ -135,8 +193,10 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
     by_tokens = key.endswith("_max_token_len_per_gpu")
     if dynamic != by_tokens or (owner == "ref" and not c.needs_reference):
         return []  # the other kind of micro-batch, or no reference forward
-    least = c.rollout.prompt_length + c.rollout.response_length if by_tokens else 1
-    # Halvings; a token budget below the longest row (S tokens) is an error.
+    # Halvings; a token budget below the longest row (S tokens; S / sp per rank of an sp
+    # group) is an error.
+    sp = c.actor.sp_size if owner in ("actor", "ref") else 1
+    least = -(-(c.rollout.prompt_length + c.rollout.response_length) // sp) if by_tokens else 1
     return [current >> k for k in range(1, current.bit_length()) if current >> k >= least]
 
 
@@ -208,14 +268,24 @@ def _first_fit(
     """The first fitting assignment of values to `keys`, the costliest varied slowest."""
     for values in itertools.product(*(options[k] for k in reversed(keys))):
         chosen = dict(zip(reversed(keys), values, strict=True))
+        overrides: dict[str, str] = {}  # by field: the last value set wins
         try:
             changed = config
             for key in keys:
-                changed = _replace(changed, key, chosen[key])
+                changed, applied = _apply(changed, key, chosen[key])
+                overrides |= {override.split("=")[0]: override for override in applied}
         except ValueError:  # e.g. a micro-batch that does not divide the mini-batch
             continue
         plan = plan_memory(changed, shape, gpu_memory_gib, lora_rank)
         if plan.fits:
-            overrides = tuple(_override(k, chosen[k]) for k in keys)
-            return Suggestion(overrides, plan, changed)
+            return Suggestion(tuple(overrides.values()), plan, changed)
     return None
+
+
+def _apply(
+    config: TrainerRunConfig, key: str, value: Any
+) -> tuple[TrainerRunConfig, tuple[str, ...]]:
+    """One change and its overrides: sequence parallelism brings its token budgets along."""
+    if key == "actor.sp_size":
+        return with_sp(config, value)
+    return _replace(config, key, value), (_override(key, value),)

@@ -783,14 +783,7 @@ class TrainerRunConfig:
             raise ValueError(
                 f"actor.sp_size ({sp}) splits packed rows: model.use_remove_padding must be true"
             )
-        unsupported = [
-            name
-            for name, on in (
-                ("reward.model (the reward model)", self.reward.model.enabled),
-                ("actor.ep_size", self.actor.ep_size > 1),
-            )
-            if on
-        ]
+        unsupported = [name for name, on in (("actor.ep_size", self.actor.ep_size > 1),) if on]
         if unsupported:
             raise ValueError(
                 f"actor.sp_size ({sp}) does not run with {', '.join(unsupported)} yet (its "

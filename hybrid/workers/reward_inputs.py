@@ -8,18 +8,18 @@ renders [user, assistant]. Without a chat template the text is the decoded promp
 policy saw it) followed by the response. A row longer than `max_length` tokens keeps its last
 `max_length`: the cut falls on the left, in the prompt, and the row is counted.
 
-Shapes: b rows; packed input_ids / position_ids (1, T), padded (b, L); last (b,) the index, in
-the flattened input, of each row's last token, where the score is read.
+Shapes: b rows; packed input_ids / position_ids (1, T), padded (b, L); the score is read at
+each row's last token (`score_index` (b,), in the flattened input).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hybrid.data import Batch
+from hybrid.workers.packing import ModelInputs, cu_seqlens
 
 
 def prompt_texts(batch: Batch, tokenizer: Any) -> list[str]:
@@ -81,37 +81,54 @@ def encode_texts(
     return ids, truncated
 
 
-@dataclass(frozen=True)
-class ScoreInputs:
-    input_ids: torch.Tensor  # (1, T) packed or (b, L) padded
-    position_ids: torch.Tensor  # same shape
-    attention_mask: torch.Tensor | None  # (b, L) padded; None packed (positions mark the rows)
-    last: torch.Tensor  # (b,) flattened index of each row's last token
+def _rows_read_at_their_last_token(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    last: torch.Tensor,
+    lengths: torch.Tensor | None = None,
+) -> ModelInputs:
+    """The reward model's forward in the scoring passes' terms: one score per row, read at
+    its last token (`score_index`), so packing, sequence parallelism and the gather are the
+    critic's (hybrid.workers.value.head_scores)."""
+    rows = last.numel()
+    return ModelInputs(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        score_index=last,
+        labels=torch.zeros_like(last),  # a head's scalar needs no label
+        target=torch.arange(rows, device=last.device),
+        response_shape=(rows, 1),
+        cu_seqlens=None if lengths is None else cu_seqlens(lengths).to(last.device),
+        max_seqlen=0 if lengths is None else int(lengths.max()),
+    )
 
 
-def packed(ids: list[list[int]], device: torch.device) -> ScoreInputs:
+def packed(ids: list[list[int]], device: torch.device) -> ModelInputs:
     """The rows concatenated into one, positions restarting at 0 for each (the attention
     kernels keep each row to itself)."""
     lengths = torch.tensor([len(row) for row in ids])
     flat = [token for row in ids for token in row]
     positions = [p for row in ids for p in range(len(row))]
-    return ScoreInputs(
-        input_ids=torch.tensor([flat], dtype=torch.long, device=device),
-        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        attention_mask=None,
-        last=(lengths.cumsum(0) - 1).to(device),
+    return _rows_read_at_their_last_token(
+        torch.tensor([flat], dtype=torch.long, device=device),
+        torch.tensor([positions], dtype=torch.long, device=device),
+        None,
+        (lengths.cumsum(0) - 1).to(device),
+        lengths,
     )
 
 
-def padded(ids: list[list[int]], pad_token_id: int, device: torch.device) -> ScoreInputs:
+def padded(ids: list[list[int]], pad_token_id: int, device: torch.device) -> ModelInputs:
     """The rows right-padded to the longest, with an attention mask."""
     width = max(len(row) for row in ids)
     lengths = torch.tensor([len(row) for row in ids])
     rows = [row + [pad_token_id] * (width - len(row)) for row in ids]
     mask = (torch.arange(width) < lengths[:, None]).long()
-    return ScoreInputs(
-        input_ids=torch.tensor(rows, dtype=torch.long, device=device),
-        position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device),
-        attention_mask=mask.to(device),
-        last=(torch.arange(len(ids)) * width + lengths - 1).to(device),
+    return _rows_read_at_their_last_token(
+        torch.tensor(rows, dtype=torch.long, device=device),
+        (mask.cumsum(-1) - 1).clamp(min=0).to(device),
+        mask.to(device),
+        (torch.arange(len(ids)) * width + lengths - 1).to(device),
     )

@@ -32,6 +32,7 @@ from hybrid.models import load_tokenizer
 from hybrid.workers.config import HybridWorkerConfig, RewardModelConfig
 from hybrid.workers.frozen import build_frozen_model
 from hybrid.workers.reward_inputs import encode_texts, packed, padded, render_texts
+from hybrid.workers.value import head_scores
 
 HEAD_KEY = "score.weight"
 """The sequence classifier's head (Qwen2, Llama, Mistral ...: a linear layer without bias)."""
@@ -149,6 +150,7 @@ class RewardModelWorker(Worker):
             value_head=True,
         )
         self.model, self.device, self.offloader = frozen.model, frozen.device, frozen.offloader
+        self.sp = frozen.sp
         load_sequence_head(self.model, rm.path)
         self.policy_tokenizer = load_tokenizer(c.model.path)
         self.tokenizer = load_tokenizer(rm.tokenizer_path or rm.path)
@@ -190,10 +192,4 @@ class RewardModelWorker(Worker):
         inputs = (
             packed(ids, self.device) if use_packing else padded(ids, self.pad_token_id, self.device)
         )
-        logits = self.model(
-            input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
-            use_cache=False,
-        ).logits  # (rows, width, 1)
-        return logits.flatten(0, 1)[inputs.last, 0].float()
+        return head_scores(self.model, inputs, self.sp)

@@ -20,7 +20,12 @@ from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
 from hybrid.workers.policy import boundary, loss_scales, mean_over_mini_batches, normalisers
-from hybrid.workers.sequence_parallel import gather_scores, shard_inputs, ulysses_attention_on
+from hybrid.workers.sequence_parallel import (
+    SpGroup,
+    gather_scores,
+    shard_inputs,
+    ulysses_attention_on,
+)
 
 UPDATE_KEYS = (
     "input_ids",
@@ -34,19 +39,26 @@ UPDATE_KEYS = (
 
 
 def value_micro_batch(model: torch.nn.Module, micro: Batch, config: PassConfig) -> torch.Tensor:
-    """(b, R) values of the micro-batch's response tokens; differentiable if grad is on. Under
-    sequence parallelism this rank's slice of the row, the values of every slice gathered."""
+    """(b, R) values of the micro-batch's response tokens; differentiable if grad is on."""
     inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
-    if config.sp is None:
-        return inputs.scatter(_values(model, inputs))
-    shard = shard_inputs(inputs, config.sp.rank, config.sp.size)
-    with ulysses_attention_on(config.sp.group):
-        local = _values(model, shard.inputs)
-    return inputs.scatter(gather_scores(local[:, None], shard, config.sp)[:, 0])
+    return inputs.scatter(head_scores(model, inputs, config.sp))
 
 
-def _values(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
-    """(n,) the value head at `inputs.score_index`."""
+def head_scores(
+    model: torch.nn.Module, inputs: ModelInputs, sp: SpGroup | None = None
+) -> torch.Tensor:
+    """(n,) a scalar head's outputs (a critic's values, a reward model's scores) at
+    `inputs.score_index`. Under sequence parallelism this rank's slice of the row, the
+    scalars of every slice gathered."""
+    if sp is None:
+        return _head(model, inputs)
+    shard = shard_inputs(inputs, sp.rank, sp.size)
+    with ulysses_attention_on(sp.group):
+        local = _head(model, shard.inputs)
+    return gather_scores(local[:, None], shard, sp)[:, 0]
+
+
+def _head(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
     out = model(**inputs.model_kwargs()).logits  # (rows, width, 1)
     return out.flatten(0, 1)[inputs.score_index, 0].float()
 

@@ -83,32 +83,7 @@ def test_scores_match_a_plain_forward_and_a_run_reports_them(
         "reward.model.precision.param_dtype=float32",
         "reward.model.micro_batch_size=2",  # 3 rows per rank: two forwards, one short
     )
-    config = small_config(
-        assets, tmp_path / "direct", *rm_fields, f"reward.model.max_length={MAX_LENGTH}"
-    )
-    tokenizer = build_tokenizer("arithmetic")
-    rows = rollout_rows(tokenizer)
-    workers = placement.start(config)
-    try:
-        assert workers.members.reward_model is not None
-        scored = workers.members.reward_model.compute_rm_score(rows)
-    finally:
-        workers.stop()
-    reference = AutoModelForSequenceClassification.from_pretrained(rm_dir, dtype=torch.float32)
-    reference.eval()
-    texts = render_texts(rows, tokenizer, tokenizer)
-    assert texts[0] == "<|im_start|>1+2=<|im_end|><|im_start|>3<|im_end|>"
-    expected, cut = [], []
-    for text in texts:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        cut.append(len(ids) > MAX_LENGTH)
-        with torch.no_grad():
-            logits = reference(input_ids=torch.tensor([ids[-MAX_LENGTH:]])).logits
-        expected.append(float(logits[0, 0]))
-    assert cut == [False, False, False, True, False, False]
-    assert scored["rm_truncated"].tolist() == [float(c) for c in cut]
-    torch.testing.assert_close(scored["rm_scores"], torch.tensor(expected), atol=1e-5, rtol=0)
-    assert len(set(expected)) == len(expected)  # the rows really differ
+    _check_direct_scores(assets, tmp_path / "direct", rm_fields)
 
     # Two steps, rule + 0.5 x model score on every row, validated after step 2 the same way.
     out = tmp_path / "run"
@@ -134,3 +109,48 @@ def test_scores_match_a_plain_forward_and_a_run_reports_them(
         assert m["reward/mean"] == pytest.approx(combined, abs=1e-6)
         assert m["reward/model_mean"] != 0.0
     assert "val/reward_mean" in metrics[1] and "val/rule_mean" in metrics[1]
+
+
+def _check_direct_scores(assets: Path, out: Path, rm_fields: tuple[str, ...]) -> None:
+    """compute_rm_score on the workers equals a plain transformers forward of each row's
+    rendered text, its last MAX_LENGTH tokens."""
+    rm_dir = assets / "rm"
+    config = small_config(assets, out, *rm_fields, f"reward.model.max_length={MAX_LENGTH}")
+    tokenizer = build_tokenizer("arithmetic")
+    rows = rollout_rows(tokenizer)
+    workers = placement.start(config)
+    try:
+        assert workers.members.reward_model is not None
+        scored = workers.members.reward_model.compute_rm_score(rows)
+    finally:
+        workers.stop()
+    reference = AutoModelForSequenceClassification.from_pretrained(rm_dir, dtype=torch.float32)
+    reference.eval()
+    texts = render_texts(rows, tokenizer, tokenizer)
+    assert texts[0] == "<|im_start|>1+2=<|im_end|><|im_start|>3<|im_end|>"
+    expected, cut = [], []
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        cut.append(len(ids) > MAX_LENGTH)
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([ids[-MAX_LENGTH:]])).logits
+        expected.append(float(logits[0, 0]))
+    assert cut == [False, False, False, True, False, False]
+    assert scored["rm_truncated"].tolist() == [float(c) for c in cut]
+    torch.testing.assert_close(scored["rm_scores"], torch.tensor(expected), atol=1e-5, rtol=0)
+    assert len(set(expected)) == len(expected)  # the rows really differ
+
+
+@pytest.mark.full
+def test_scores_split_over_an_sp_group_match_a_plain_forward(
+    ray_cluster: None, assets: Path, tmp_path: Path
+) -> None:
+    """actor.sp_size=2: both workers split each packed row of the reward model's pass
+    (hybrid.workers.value.head_scores), the scores gathered."""
+    rm_fields = (
+        f"reward.model.path={assets / 'rm'}",
+        "reward.model.precision.param_dtype=float32",
+        "reward.model.micro_batch_size=2",
+        "actor.sp_size=2",
+    )
+    _check_direct_scores(assets, tmp_path / "direct", rm_fields)

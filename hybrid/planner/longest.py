@@ -1,0 +1,146 @@
+"""The longest response a run fits, with and without sequence parallelism, by the planner's
+numbers.
+
+`longest_responses(config, shape, gpu_memory_gib)` searches rollout.response_length in steps
+of RESPONSE_STEP tokens for the longest at which `plan_memory` fits: a binary search, since a
+longer response never needs less memory. It keeps the prompt as configured
+(data.max_prompt_length, rollout.prompt_length), sets rollout.max_model_len to prompt +
+response (what the engine must hold), and raises each token budget of a pass with
+use_dynamic_bsz to hold one whole sequence per sp group: (prompt + response) / sp per rank.
+It does so at sp = 1, at the config's actor.sp_size and at every size `suggest.sp_sizes`
+allows, each through `suggest.with_sp` (the budgets scaled so that a group's micro-batch keeps
+its tokens). Memory only: the model's context window (max_position_embeddings, RoPE scaling)
+is not checked, and the search stops at `limit` tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hybrid.memory.model_shape import ModelShape
+from hybrid.planner.plan import Plan, plan_memory
+from hybrid.planner.suggest import SP_BUDGETS, _get, _override, _replace, sp_sizes, with_sp
+
+if TYPE_CHECKING:
+    from hybrid.trainer.config import TrainerRunConfig
+
+__all__ = ["RESPONSE_LIMIT", "RESPONSE_STEP", "LongestFit", "longest_responses", "with_response"]
+
+RESPONSE_STEP = 1024
+"""The search's grain: response lengths are multiples of it."""
+RESPONSE_LIMIT = 1 << 20
+"""Where the search stops (tokens): a fit there is reported as "at least"."""
+
+
+@dataclass(frozen=True)
+class LongestFit:
+    """The longest response that fits at one sequence-parallel size."""
+
+    sp: int
+    """actor.sp_size."""
+    prompt_length: int
+    """rollout.prompt_length, as configured."""
+    response_length: int
+    """The longest fitting rollout.response_length (a multiple of the step); 0 when not even
+    one step fits, or the config is invalid at this sp."""
+    plan: Plan | None
+    """The plan at that length (None with 0)."""
+    overrides: tuple[str, ...]
+    """Hydra overrides of the config for that length at this sp."""
+    at_limit: bool = False
+    """It fits at the search's limit: the longest is at least this."""
+    error: str | None = None
+    """Why the config is invalid at this sp (then nothing was searched)."""
+
+
+def with_response(
+    config: TrainerRunConfig, response_length: int
+) -> tuple[TrainerRunConfig, tuple[str, ...]]:
+    """`config` with `response_length` and its overrides: rollout.max_model_len at prompt +
+    response, and each token budget (suggest.SP_BUDGETS) of a pass with use_dynamic_bsz
+    raised, where below, to one whole sequence per sp group ((prompt + response) / sp per
+    rank). Raises ValueError where the config is invalid at that length."""
+    seq = config.rollout.prompt_length + response_length
+    rollout = dataclasses.replace(
+        config.rollout, response_length=response_length, max_model_len=seq
+    )
+    changed = _replace(config, "rollout", rollout)
+    overrides = [
+        _override("rollout.response_length", response_length),
+        _override("rollout.max_model_len", seq),
+    ]
+    dynamic = {"actor": config.actor.use_dynamic_bsz, "ref": config.ref.use_dynamic_bsz}
+    least = -(-seq // config.actor.sp_size)
+    for key in SP_BUDGETS:
+        if dynamic[key.split(".")[0]] and _get(changed, key) < least:
+            changed = _replace(changed, key, least)
+            overrides.append(_override(key, least))
+    return changed, tuple(overrides)
+
+
+def longest_responses(
+    config: TrainerRunConfig,
+    shape: ModelShape,
+    gpu_memory_gib: float,
+    *,
+    sizes: tuple[int, ...] | None = None,
+    step: int = RESPONSE_STEP,
+    limit: int = RESPONSE_LIMIT,
+    **node: Any,
+) -> list[LongestFit]:
+    """The longest fitting response at each sp of `sizes` (default: 1, the config's and those
+    suggest.sp_sizes allows), smallest sp first. `node`: plan_memory's keyword arguments
+    (lora_rank, critic_shape, gpu, nvls, host_memory_gib, teacher_shape)."""
+    if step <= 0 or limit < step:
+        raise ValueError(f"need 0 < step <= limit, got step={step}, limit={limit}")
+    if sizes is None:
+        sizes = tuple(sorted({1, config.actor.sp_size, *sp_sizes(config, shape)}))
+    plan = functools.partial(plan_memory, shape=shape, gpu_memory_gib=gpu_memory_gib, **node)
+    found = []
+    for sp in sizes:
+        prompt = config.rollout.prompt_length
+        try:
+            at_sp, sp_overrides = (
+                (config, ()) if sp == config.actor.sp_size else with_sp(config, sp)
+            )
+        except ValueError as error:
+            found.append(LongestFit(sp, prompt, 0, None, (), error=str(error)))
+            continue
+        length, best, overrides = _search(at_sp, plan, step, limit)
+        found.append(
+            LongestFit(
+                sp,
+                prompt,
+                length,
+                best,
+                (*sp_overrides, *overrides) if length else (),
+                at_limit=length == limit // step * step,
+            )
+        )
+    return found
+
+
+def _search(
+    config: TrainerRunConfig, plan: Any, step: int, limit: int
+) -> tuple[int, Plan | None, tuple[str, ...]]:
+    """The largest multiple of `step` up to `limit` at which the plan fits (0: none), its plan
+    and its overrides. A length the config refuses (a reward.overlong_buffer longer than the
+    response, say) counts as not fitting."""
+    lo, hi = 0, limit // step  # lo fits (0: nothing yet); every step above hi does not
+    best: tuple[Plan | None, tuple[str, ...]] = (None, ())
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            changed, overrides = with_response(config, mid * step)
+        except ValueError:
+            hi = mid - 1
+            continue
+        result = plan(changed)
+        if result.fits:
+            lo, best = mid, (result, overrides)
+        else:
+            hi = mid - 1
+    return lo * step, *best
