@@ -1,6 +1,6 @@
 """A memory plan for people and for scripts: the phase table, the steady states, the KV
 cache, the CUDA reserve, each node's host RAM and the verdict as text (`format_plan`,
-`format_suggestions`), or all of it as JSON."""
+`format_suggestions`, `format_longest`), or all of it as JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from hybrid.memory.records import COMPONENTS, STEADY_PHASES
+from hybrid.planner.longest import LongestFit
 from hybrid.planner.plan import PhasePrediction, Plan
 from hybrid.planner.reserve import RESERVE_UNCERTAINTY
 from hybrid.planner.suggest import CHANGE_ORDER, Suggestion
@@ -137,6 +138,36 @@ def format_suggestions(plan: Plan, suggestions: list[Suggestion]) -> str:
     return "\n".join(lines)
 
 
+def format_longest(fits: list[LongestFit], config_sp: int) -> str:
+    """The longest fitting response at each sp, a line each (and the overrides for it)."""
+    if not fits:
+        return "Longest response: nothing searched."
+    first = fits[0]
+    lines = [
+        f"Longest response that fits (memory only; prompt {first.prompt_length:,} tokens, "
+        f"responses in steps of {first.step:,}, token budgets >= prompt + response per sp "
+        "group):"
+    ]
+    for fit in fits:
+        mine = "  <-- the config's" if fit.sp == config_sp else ""
+        head = f"  actor.sp_size={fit.sp}: "
+        if fit.error is not None:
+            lines.append(f"{head}not valid for this config ({fit.error}){mine}")
+            continue
+        if fit.plan is None:
+            why = f": {fit.limited_by[0]}" if fit.limited_by else ""
+            lines.append(f"{head}none, not even {fit.step:,} tokens{why}{mine}")
+            continue
+        longer = "" if fit.at_limit else f"; longer: {fit.limited_by[0]}" if fit.limited_by else ""
+        lines.append(
+            f"{head}{'at least ' if fit.at_limit else ''}{fit.response_length:,} tokens (peak "
+            f"{fit.plan.peak_gib:.2f} GiB at {fit.plan.peak_phase}, margin "
+            f"{fit.plan.margin_gib:+.2f} GiB{longer}){mine}"
+        )
+        lines.append(f"    {' '.join(fit.overrides)}")
+    return "\n".join(lines)
+
+
 def _parameters(plan: Plan) -> str:
     """ " (30.53B parameters, 3.34B active)" for a mixture of experts; "" for a dense model."""
     if not plan.parameters or plan.active_parameters == plan.parameters:
@@ -144,9 +175,30 @@ def _parameters(plan: Plan) -> str:
     return f" ({plan.parameters / 1e9:.2f}B parameters, {plan.active_parameters / 1e9:.2f}B active)"
 
 
-def to_json(plan: Plan, suggestions: list[Suggestion] | None = None) -> str:
-    """The plan (and suggestions) as JSON: every Plan field plus margin_gib."""
+def to_json(
+    plan: Plan,
+    suggestions: list[Suggestion] | None = None,
+    longest: list[LongestFit] | None = None,
+) -> str:
+    """The plan (and suggestions, the longest responses) as JSON: every Plan field plus
+    margin_gib."""
     data: dict[str, Any] = {"plan": {**dataclasses.asdict(plan), "margin_gib": plan.margin_gib}}
+    if longest is not None:
+        data["longest"] = [
+            {
+                "sp": fit.sp,
+                "prompt_length": fit.prompt_length,
+                "response_length": fit.response_length,
+                "at_limit": fit.at_limit,
+                "peak_gib": None if fit.plan is None else fit.plan.peak_gib,
+                "peak_phase": None if fit.plan is None else fit.plan.peak_phase,
+                "margin_gib": None if fit.plan is None else fit.plan.margin_gib,
+                "overrides": list(fit.overrides),
+                "limited_by": list(fit.limited_by),
+                "error": fit.error,
+            }
+            for fit in longest
+        ]
     if suggestions is not None:
         data["suggestions"] = [
             {

@@ -43,6 +43,8 @@ class LongestFit:
     """actor.sp_size."""
     prompt_length: int
     """rollout.prompt_length, as configured."""
+    step: int
+    """The search's grain (tokens)."""
     response_length: int
     """The longest fitting rollout.response_length (a multiple of the step); 0 when not even
     one step fits, or the config is invalid at this sp."""
@@ -52,6 +54,8 @@ class LongestFit:
     """Hydra overrides of the config for that length at this sp."""
     at_limit: bool = False
     """It fits at the search's limit: the longest is at least this."""
+    limited_by: tuple[str, ...] = ()
+    """The problems of the plan one step longer (what stops it), empty at the limit."""
     error: str | None = None
     """Why the config is invalid at this sp (then nothing was searched)."""
 
@@ -107,20 +111,40 @@ def longest_responses(
                 (config, ()) if sp == config.actor.sp_size else with_sp(config, sp)
             )
         except ValueError as error:
-            found.append(LongestFit(sp, prompt, 0, None, (), error=str(error)))
+            found.append(LongestFit(sp, prompt, step, 0, None, (), error=str(error)))
             continue
         length, best, overrides = _search(at_sp, plan, step, limit)
+        at_limit = length == limit // step * step
         found.append(
             LongestFit(
                 sp,
                 prompt,
+                step,
                 length,
                 best,
-                (*sp_overrides, *overrides) if length else (),
-                at_limit=length == limit // step * step,
+                _last_wins((*sp_overrides, *overrides)) if length else (),
+                at_limit=at_limit,
+                limited_by=() if at_limit else _problems(at_sp, plan, length + step),
             )
         )
     return found
+
+
+def _last_wins(overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """One override per field, the last value set (in the place of the first)."""
+    by_field: dict[str, str] = {}
+    for override in overrides:
+        by_field[override.split("=")[0]] = override
+    return tuple(by_field.values())
+
+
+def _problems(config: TrainerRunConfig, plan: Any, response_length: int) -> tuple[str, ...]:
+    """Why the plan at `response_length` does not fit (or the config refuses that length)."""
+    try:
+        changed, _ = with_response(config, response_length)
+    except ValueError as error:
+        return (str(error),)
+    return plan(changed).problems
 
 
 def _search(

@@ -8,6 +8,10 @@ the external launcher), each counted when its group has more than one rank:
   hsdp shard       actor.hsdp_replicas = H > 1: FSDP2's all-gather / reduce-scatter inside a
                    replica (W / H consecutive ranks)
   hsdp replicate   H > 1: the gradient all-reduce across replicas (H ranks, W / H apart)
+  sp               actor.sp_size = N > 1: Ulysses' all-to-alls inside an sp group (N
+                   consecutive ranks, on one node: config check)
+  sp dp            N > 1: the trainer's data-parallel group (W / N ranks, N apart: the loss
+                   normalisers and metrics)
   rollout tp       rollout.tensor_parallel_size > 1: the rollout mesh's tp group
                    (hybrid.rollout.group.RolloutGroup.gather)
   vllm world       vLLM's world GroupCoordinator: a torch NCCL group of all W ranks
@@ -131,6 +135,9 @@ def communicators(config: TrainerRunConfig, nvls: bool) -> tuple[Communicator, .
             ("hsdp shard", replica, min(replica, per_node)),
             ("hsdp replicate", replicas, max(1, per_node // replica)),
         ]
+    sp = config.actor.sp_size
+    if sp > 1:  # the sp mesh: consecutive groups inside a node, their dp peers N ranks apart
+        groups += [("sp", sp, sp), ("sp dp", world // sp, max(1, min(world, per_node) // sp))]
     groups.append(("rollout tp", tp, tp))  # TP groups never cross a node (config check)
     groups += [("vllm world", world, min(world, per_node)), ("vllm tp", tp, tp)]
     groups.append(("vllm tp pynccl", tp, tp))
