@@ -2,7 +2,7 @@
 
     python -m profiling.plan [--config-name NAME] [--model PRESET_OR_DIR] [--gpu-memory-gib F]
         [--gpu {h100,h200,a100}] [--nvls | --no-nvls] [--host-memory-gib F] [--lora-rank R]
-        [--suggest] [--json] [OVERRIDE ...]
+        [--suggest] [--longest] [--json] [OVERRIDE ...]
 
 Composes configs/NAME.yaml with the Hydra overrides exactly like `python -m hybrid.main`
 (same typed config, same validation) but does not check that the data files exist, and
@@ -10,7 +10,11 @@ prints hybrid.planner's per-phase prediction for one worker: the phase table, th
 trainer-mode and rollout-mode components, the KV cache in tokens, the CUDA reserve (context,
 NCCL communicators, fragmentation), each node's host RAM and FITS / DOES NOT FIT with the
 margin (and a warning when the margin is within the reserve's uncertainty). `--suggest` adds
-the cheapest Hydra overrides that make it fit. Exit code 0 whether it fits or not; 1 for bad
+the cheapest Hydra overrides that make it fit (sequence parallelism, actor.sp_size, among
+them). `--longest` adds the longest rollout.response_length the config fits (in steps of
+1,024 tokens, the prompt as configured, the token budgets raised to one sequence per sp group)
+at sp = 1, at the config's actor.sp_size and at every sp of 2, 4, 8 the config and the
+model's heads allow (hybrid.planner.longest). Exit code 0 whether it fits or not; 1 for bad
 input (unknown preset, missing model directory, invalid config).
 
 The node: `--gpu` sets the GPU kind (an A100 gets vLLM's small batch defaults, 8192 tokens /
@@ -28,6 +32,8 @@ model.lora fields back at their defaults.
 
 Examples: python -m profiling.plan --config-name qwen2_5_7b_gsm8k_8gpu --model Qwen2.5-7B
           python -m profiling.plan --config-name qwen2_5_7b_lora_gsm8k_8gpu --model Qwen2.5-7B
+          python -m profiling.plan --config-name qwen2_5_7b_longctx_8gpu --model Qwen2.5-7B
+              --longest   (one command line)
           python -m profiling.plan --config-name qwen2_5_32b_gsm8k_2x8gpu --model Qwen2.5-32B
               --host-memory-gib 1024 actor.hsdp_replicas=2   (one command line)
 """
@@ -41,7 +47,8 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid.memory.model_shape import known_presets, model_shape
-from hybrid.planner.format import format_plan, format_suggestions, to_json
+from hybrid.planner.format import format_longest, format_plan, format_suggestions, to_json
+from hybrid.planner.longest import longest_responses
 from hybrid.planner.plan import plan_memory
 from hybrid.planner.reserve import DEFAULT_GPU, GPU_KINDS
 from hybrid.planner.suggest import suggest
@@ -114,6 +121,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="shortcut for the override model.lora.rank=R (default 0: the config's rank)",
     )
     parser.add_argument("--suggest", action="store_true", help="propose changes that make it fit")
+    parser.add_argument(
+        "--longest",
+        action="store_true",
+        help="the longest rollout.response_length that fits, with and without actor.sp_size",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     return parser.parse_args(argv)
 
@@ -162,11 +174,18 @@ def run(args: argparse.Namespace) -> str:
             dataclasses.replace(s, overrides=tuple(as_hydra_override(cfg, o) for o in s.overrides))
             for s in found
         ]
+    longest = None
+    if args.longest:
+        longest = longest_responses(
+            config, shape, args.gpu_memory_gib, critic_shape=critic_shape, **node
+        )
     if args.json:
-        return to_json(plan, suggestions)
+        return to_json(plan, suggestions, longest)
     text = format_plan(plan)
     if suggestions is not None:
         text += "\n\n" + format_suggestions(plan, suggestions)
+    if longest is not None:
+        text += "\n\n" + format_longest(longest, config.actor.sp_size)
     return text
 
 

@@ -158,7 +158,7 @@ def format_longest(fits: list[LongestFit], config_sp: int) -> str:
             why = f": {fit.limited_by[0]}" if fit.limited_by else ""
             lines.append(f"{head}none, not even {fit.step:,} tokens{why}{mine}")
             continue
-        longer = "" if fit.at_limit else f"; longer: {fit.limited_by[0]}" if fit.limited_by else ""
+        longer = f"; longer: {fit.limited_by[0]}" if fit.limited_by else ""
         lines.append(
             f"{head}{'at least ' if fit.at_limit else ''}{fit.response_length:,} tokens (peak "
             f"{fit.plan.peak_gib:.2f} GiB at {fit.plan.peak_phase}, margin "

@@ -25,6 +25,7 @@ from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import ScheduleConfig, SyncConfig
 from hybrid.synchronizer.policy import SyncPolicy
 from hybrid.validation import check_choice, check_positive, check_timeout
+from hybrid.workers.attention import check_sequence_parallel_attention
 from hybrid.workers.config import (
     ActorConfig,
     CriticConfig,
@@ -783,6 +784,7 @@ class TrainerRunConfig:
             raise ValueError(
                 f"actor.sp_size ({sp}) splits packed rows: model.use_remove_padding must be true"
             )
+        check_sequence_parallel_attention(self.model.attn_implementation, sp)
         unsupported = [name for name, on in (("actor.ep_size", self.actor.ep_size > 1),) if on]
         if unsupported:
             raise ValueError(

@@ -88,6 +88,7 @@ class ActorWorker(Worker):
             gradient_checkpointing=c.model.gradient_checkpointing,
             lora=c.model.lora,
             expert_mesh=self.parallel.expert_mesh,
+            sp_size=self.parallel.sp_size,
         )
         a, optim = c.actor, c.actor.optim
         self.optimizer = build_optimizer(

@@ -97,6 +97,7 @@ class CriticWorker(Worker):
             gradient_checkpointing=critic.gradient_checkpointing,
             value_head=True,
             expert_mesh=parallel.expert_mesh,
+            sp_size=parallel.sp_size,
         )
         optim = critic.optim
         self.optimizer = build_optimizer(

@@ -56,6 +56,7 @@ def build_frozen_model(
         trainable=False,
         value_head=value_head,
         expert_mesh=parallel.expert_mesh,
+        sp_size=parallel.sp_size,
     )
     offloader = Offloader(model, None, parallel.device, param_offload, optimizer_offload=False)
     return FrozenModel(model, parallel.device, offloader, parallel.sp)

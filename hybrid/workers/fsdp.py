@@ -72,6 +72,7 @@ def build_fsdp_model(
     lora: LoraConfig | None = None,
     value_head: bool = False,
     expert_mesh: DeviceMesh | None = None,
+    sp_size: int = 1,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
@@ -85,12 +86,17 @@ def build_fsdp_model(
     the optimizer updates. `trainable=False` gives the frozen reference policy: eval mode, no
     parameter requires grad. An `expert_mesh` ((efsdp, ep), hybrid.workers.expert_parallel)
     puts a mixture of experts' stacked experts on it, owned by ep ranks, instead of FSDP2
-    sharding them over `mesh` (ignored for a dense model). With `lora` enabled the result is a peft model (hybrid.workers.lora):
+    sharding them over `mesh` (ignored for a dense model). `sp_size` > 1: the passes split
+    sequences (hybrid.workers.sequence_parallel), so the attention is the varlen sdpa Ulysses
+    wraps. With `lora` enabled the result is a peft model (hybrid.workers.lora):
     the frozen base stored in `param_dtype`, only the adapters in `master_dtype` and trainable.
     Every rank of `mesh` must call this collectively.
     """
     kernel: str = resolve_attn_implementation(
-        attn_implementation, flash_installed=flash_attn_installed(), on_cuda=device.type == "cuda"
+        attn_implementation,
+        flash_installed=flash_attn_installed(),
+        on_cuda=device.type == "cuda",
+        sp=sp_size,
     )
     if kernel == "sdpa":  # the same kernel, without a dense mask when packed
         kernel = varlen_attention.register()

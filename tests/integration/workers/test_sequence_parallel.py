@@ -1,8 +1,9 @@
 """Ulysses sequence parallelism through the real scoring path on gloo ranks (no Ray): tiny
 Qwen2 and Qwen3 models, FSDP2-sharded, score the same ragged micro-batch with sp = 1 and with
 its packed row split over the sp ranks (hybrid.workers.sequence_parallel): log-probs and
-entropy equal (fp32, 1e-5), with the chunked scoring head and with full logits, and every
-gradient equal. The packed rows' lengths are not multiples of sp, and the tiny models have
+entropy equal (fp32, 1e-5), with the chunked scoring head and with full logits, every
+gradient equal, and so the parameters after an AdamW step; a critic's values on the same
+decoder equal too. The packed rows' lengths are not multiples of sp, and the tiny models have
 one kv head (repeated for the ranks). Default tier: sp 2 on 2 ranks; full tier: sp 4 on 4
 ranks (4 query heads), and dp 2 x sp 2 on 4 ranks (two batches, the sp groups as sub-meshes)
 against plain data parallelism on the same batches.
@@ -20,17 +21,23 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.workers.forward import PassConfig, score_micro_batch
-from hybrid.workers.fsdp import build_fsdp_model
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
 from hybrid.workers.sequence_parallel import SpGroup
-from tests.integration.workers.test_fsdp import CPU, _spawn
+from hybrid.workers.value import value_micro_batch
+from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, _spawn
 from tests.unit.workers.test_forward import ragged_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ATOL = 1e-5
+# AdamW's first step moves each weight by about lr * g / |g|: a gradient near zero whose last
+# bits differ moves by up to lr there (test_expert_parallel.py measures the same).
+PARAM_ATOL = 1e-4
 
 
-def _pass(model: torch.nn.Module, batch: Any, config: PassConfig, sp: int) -> dict[str, Any]:
+def _pass(
+    model: torch.nn.Module, batch: Any, config: PassConfig, sp: int, keep_grads: bool = False
+) -> dict[str, Any]:
     """Scores without grad, then one backward of the token-mean NLL; gradients in full."""
     mask = batch.tensors["response_mask"]
     with torch.no_grad():
@@ -41,7 +48,8 @@ def _pass(model: torch.nn.Module, batch: Any, config: PassConfig, sp: int) -> di
     # the ranks, so the group's sum is sp times the mean (the trainer scales by the world).
     (loss * sp).backward()
     grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
+    if not keep_grads:
+        model.zero_grad(set_to_none=True)
     return {"log_probs": scores.log_probs, "entropy": scores.entropy, "grads": grads}
 
 
@@ -65,10 +73,36 @@ def _compare(rank: int, mesh: DeviceMesh, dirs: dict[str, Path], sp: int) -> dic
                 ),
                 "grad_size": max(g.abs().max().item() for g in plain["grads"].values()),
             }
+        result["values"] = _values_diff(model_dir, mesh, batch, group)
+        result["params_after_step"] = _step_diff(model_dir, mesh, batch, group, sp)
         out[name] = result
     mask = batch.tensors["attention_mask"]
     out["tokens"] = int(mask.sum())
     return out
+
+
+def _values_diff(model_dir: Path, mesh: DeviceMesh, batch: Any, group: SpGroup) -> float:
+    """A critic (value head) on the same decoder: its values with and without the split."""
+    fp32 = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}
+    critic = build_fsdp_model(str(model_dir), mesh, CPU, value_head=True, **fp32)
+    with torch.no_grad():
+        plain = value_micro_batch(critic, batch, PassConfig(6))
+        split = value_micro_batch(critic, batch, PassConfig(6, sp=group))
+    return (plain - split).abs().max().item()
+
+
+def _step_diff(model_dir: Path, mesh: DeviceMesh, batch: Any, group: SpGroup, sp: int) -> float:
+    """Two copies of the model, one AdamW step each (without and with the split): the
+    parameters after it."""
+    fp32 = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}
+    stepped = []
+    for config, scale in ((PassConfig(6), 1), (PassConfig(6, sp=group), sp)):
+        model = build_fsdp_model(str(model_dir), mesh, CPU, **fp32)
+        optimizer = build_optimizer(model, **OPTIM_KWARGS)
+        _pass(model, batch, config, scale, keep_grads=True)
+        clip_and_step(model, optimizer, 1.0)
+        stepped.append({n: p.full_tensor() for n, p in model.named_parameters()})
+    return max((stepped[0][k] - stepped[1][k]).abs().max().item() for k in stepped[0])
 
 
 def _dirs(root: Path, heads: int) -> dict[str, Path]:
@@ -87,6 +121,11 @@ def _check(results: list[dict], sp: int) -> None:
     assert results[0]["tokens"] % sp, "the packed row should not fill the ranks evenly"
     for rank, result in enumerate(results):
         for arch in ("qwen2", "qwen3"):
+            values, stepped = result[arch].pop("values"), result[arch].pop("params_after_step")
+            print(
+                f"sp {sp} rank {rank} {arch}: values {values:.1e}, params after a step {stepped:.1e}"
+            )
+            assert values < ATOL and stepped < PARAM_ATOL
             for chunk, diffs in result[arch].items():
                 print(f"sp {sp} rank {rank} {arch} chunk {chunk}: {diffs}")
                 assert diffs["grad_size"] > 1e-3  # the compared gradients are not all zero

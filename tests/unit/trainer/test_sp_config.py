@@ -48,6 +48,11 @@ def test_sp_sizes_the_data_parallel_slots() -> None:
             ("actor.sp_size=2", "actor.ep_size=2"),
             r"actor\.sp_size \(2\) does not run with actor\.ep_size",
         ),
+        (
+            ("actor.sp_size=2", "model.attn_implementation=eager"),
+            r"model\.attn_implementation=eager cannot be wrapped for actor\.sp_size \(2\): "
+            r"Ulysses wraps auto or sdpa",
+        ),
     ],
 )
 def test_bad_sp_settings_are_named(overrides: tuple[str, ...], message: str) -> None:
@@ -70,3 +75,13 @@ def test_the_model_s_heads_and_experts_are_checked(tmp_path: Path) -> None:
     to_typed(
         compose_config(overrides=("actor.sp_size=2", *NO_DATA, f"model.path={two_heads}"))
     ).check_paths()
+
+
+def test_auto_attention_under_sp_is_the_varlen_sdpa_ulysses_wraps() -> None:
+    from hybrid.workers.attention import resolve_attn_implementation
+
+    on_gpu = {"flash_installed": True, "on_cuda": True}
+    assert resolve_attn_implementation("auto", **on_gpu) == "flash_attention_2"
+    assert resolve_attn_implementation("auto", **on_gpu, sp=2) == "sdpa"
+    with pytest.raises(ValueError, match="flash_attention_2 cannot be wrapped"):
+        resolve_attn_implementation("flash_attention_2", **on_gpu, sp=2)
