@@ -1,4 +1,4 @@
-"""Ulysses attention on 2 and 4 gloo ranks equals varlen sdpa on the whole packed row, in the
+"""Ulysses attention on 2 (and, under `make test-full`, 4) gloo ranks equals varlen sdpa on the whole packed row, in the
 output and in the gradients of q, k and v.
 
 One spawn per world size (process start-up dominates); each rank runs every case: packed
@@ -138,7 +138,10 @@ def _run(rank: int, mesh: DeviceMesh) -> dict[str, Any]:
 # --- tests --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["sp2", "sp4"])
+# sp 4 (four processes on two cores) under `make test-full`; sp 2 covers every case by default.
+@pytest.fixture(
+    scope="module", params=[2, pytest.param(4, marks=pytest.mark.full)], ids=["sp2", "sp4"]
+)
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list:
     out = tmp_path_factory.mktemp(f"ulysses_sp{request.param}")
     return _spawn(_run, Path(out), world=request.param)
