@@ -122,3 +122,11 @@ def test_tensor_parallel_agent_run_shares_the_replies(assets: Path, tmp_path: Pa
     replies, so both ranks feed the engine the same tokens (else the engine's collectives hang)."""
     metrics = run_agent(assets, tmp_path / "run", 3, "rollout.tensor_parallel_size=2")
     check_agent_metrics(metrics)
+
+
+@pytest.mark.full
+def test_colocated_agent_run_with_sequence_parallelism(assets: Path, tmp_path: Path) -> None:
+    """actor.sp_size=2: the trajectories' packed rows (prompt, sampled turns, tool replies)
+    split over both workers; the tool replies stay context (masked), the gap stays small."""
+    metrics = run_agent(assets, tmp_path / "run", 3, "actor.sp_size=2")
+    check_agent_metrics(metrics)

@@ -160,6 +160,7 @@ def _dp2_sp2(rank: int, mesh: DeviceMesh, dirs: dict[str, Path]) -> dict:
             (plain["grads"][k] - split["grads"][k]).abs().max().item() for k in plain["grads"]
         ),
         "log_probs": (plain["log_probs"] - split["log_probs"]).abs().max().item(),
+        "params_after_step": _step_diff(model_dir, mesh, batch, group, 2),
     }
 
 
@@ -169,3 +170,4 @@ def test_dp2_by_sp2_equals_dp_alone(tmp_path: Path) -> None:
     for result in results:
         print(f"dp 2 x sp 2: {result}")
         assert result["grads"] < ATOL and result["log_probs"] < ATOL
+        assert result["params_after_step"] < PARAM_ATOL
