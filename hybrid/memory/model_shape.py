@@ -2,9 +2,10 @@
 
 A shape comes from a Hugging Face config, either read from a model directory or written
 here for a named preset (the Qwen2.5 family, Qwen3-8B, Qwen3-30B-A3B, and the locally built
-`tiny` / `bench-100m` models of hybrid.models). The model is constructed on the meta device (no memory, well under
-a second even for 32B) and its `named_parameters()` give the exact parameter shapes, in the
-order FSDP2, the weight sync and vLLM see them, with a tied LM head listed once.
+`tiny` / `bench-100m` models of hybrid.models). The model is constructed on the meta device
+(no memory, well under a second even for 32B) and its `named_parameters()` give the exact
+parameter shapes, in the order FSDP2, the weight sync and vLLM see them, with a tied LM head
+listed once.
 
 From the shapes follow everything the planner sizes: the FSDP2 shard of a rank (FSDP2 shards
 dim 0 with `torch.chunk` semantics, so rank 0 holds ceil(rows / world) rows of every

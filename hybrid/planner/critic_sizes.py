@@ -36,6 +36,7 @@ from hybrid.memory.model_shape import ModelShape
 from hybrid.planner.passes import (
     Bytes,
     MicroBatch,
+    all_to_all_bytes,
     largest_moment,
     micro_batch_of,
     reduce_bytes,
@@ -87,7 +88,10 @@ class CriticSizes:
     def micro_batch(self, update: bool) -> MicroBatch:
         c = self.config.critic
         budget = c.ppo_max_token_len_per_gpu if update else c.forward_max_token_len_per_gpu
-        return micro_batch_of(self.config, update, c.use_dynamic_bsz, budget, c.micro_batch_size)
+        sp = self.config.actor.sp_size  # the critic's passes split rows like the actor's
+        return micro_batch_of(
+            self.config, update, c.use_dynamic_bsz, budget, c.micro_batch_size, sp
+        )
 
     @property
     def accumulates(self) -> bool:
@@ -97,8 +101,13 @@ class CriticSizes:
     def values_forward(self) -> Bytes:
         mb, s, cb = self.micro_batch(update=False), self.shape, self.cb
         unsharded = unsharded_bytes(s, cb, ep_size=self.config.actor.ep_size)
+        layer = {
+            "unsharded_params": unsharded,
+            "activations": mb.tokens * s.nograd_layer(cb),
+            "all_to_all": all_to_all_bytes(s, mb, cb),
+        }
         return largest_moment(
-            {"unsharded_params": unsharded, "activations": mb.tokens * s.nograd_layer(cb)},
+            layer,
             {"unsharded_params": unsharded, "activations": mb.tokens * (s.hidden_size * cb + 4)},
         )
 
@@ -112,6 +121,7 @@ class CriticSizes:
         return {
             "unsharded_params": unsharded_bytes(s, cb, ep_size=self.config.actor.ep_size),
             "activations": self._saved(mb.tokens) + mb.tokens * s.nograd_layer(cb),
+            "all_to_all": all_to_all_bytes(s, mb, cb),
         }
 
     def update_backward(self) -> Bytes:
@@ -124,6 +134,7 @@ class CriticSizes:
                 "unsharded_params": unsharded_bytes(s, cb, ep_size=self.config.actor.ep_size),
                 "unsharded_grads": s.largest_pass_layer(self.config.actor.ep_size) * reduce,
                 "activations": self._saved(mb.tokens) + work,
+                "all_to_all": all_to_all_bytes(s, mb, cb),
             },
             {"unsharded_grads": s.root_params * reduce},
         )

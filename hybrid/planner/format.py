@@ -160,9 +160,12 @@ def format_longest(fits: list[LongestFit], config_sp: int) -> str:
             continue
         longer = f"; longer: {fit.limited_by[0]}" if fit.limited_by else ""
         lines.append(
-            f"{head}{'at least ' if fit.at_limit else ''}{fit.response_length:,} tokens (peak "
-            f"{fit.plan.peak_gib:.2f} GiB at {fit.plan.peak_phase}, margin "
-            f"{fit.plan.margin_gib:+.2f} GiB{longer}){mine}"
+            f"{head}{'at least ' if fit.at_limit else ''}{fit.response_length:,} tokens, "
+            f"{fit.clear_response_length:,} with a margin >= the reserve's uncertainty{mine}"
+        )
+        lines.append(
+            f"    (peak {fit.plan.peak_gib:.2f} GiB at {fit.plan.peak_phase}, margin "
+            f"{fit.plan.margin_gib:+.2f} GiB{longer})"
         )
         lines.append(f"    {' '.join(fit.overrides)}")
     return "\n".join(lines)
@@ -190,6 +193,7 @@ def to_json(
                 "prompt_length": fit.prompt_length,
                 "response_length": fit.response_length,
                 "at_limit": fit.at_limit,
+                "clear_response_length": fit.clear_response_length,
                 "peak_gib": None if fit.plan is None else fit.plan.peak_gib,
                 "peak_phase": None if fit.plan is None else fit.plan.peak_phase,
                 "margin_gib": None if fit.plan is None else fit.plan.margin_gib,

@@ -6,7 +6,8 @@ of RESPONSE_STEP tokens for the longest at which `plan_memory` fits: a binary se
 longer response never needs less memory. It keeps the prompt as configured
 (data.max_prompt_length, rollout.prompt_length), sets rollout.max_model_len to prompt +
 response (what the engine must hold), and raises each token budget of a pass with
-use_dynamic_bsz to hold one whole sequence per sp group: (prompt + response) / sp per rank.
+use_dynamic_bsz (every member's: the actor's, the reference's, the critic's, the teacher's) to
+hold one whole sequence per sp group: (prompt + response) / sp per rank.
 It does so at sp = 1, at the config's actor.sp_size and at every size `suggest.sp_sizes`
 allows, each through `suggest.with_sp` (the budgets scaled so that a group's micro-batch keeps
 its tokens). Memory only: the model's context window (max_position_embeddings, RoPE scaling)
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hybrid.memory.model_shape import ModelShape
 from hybrid.planner.plan import Plan, plan_memory
-from hybrid.planner.suggest import SP_BUDGETS, _get, _override, _replace, sp_sizes, with_sp
+from hybrid.planner.suggest import _get, _override, _replace, read_budgets, sp_sizes, with_sp
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -56,6 +58,9 @@ class LongestFit:
     """It fits at the search's limit: the longest is at least this."""
     limited_by: tuple[str, ...] = ()
     """The problems of the plan one step longer (what stops it), empty at the limit."""
+    clear_response_length: int = 0
+    """The longest whose plan fits by at least the reserve's uncertainty (no thin-margin
+    warning): the figure to rely on before the reserve is measured on the GPU."""
     error: str | None = None
     """Why the config is invalid at this sp (then nothing was searched)."""
 
@@ -64,9 +69,9 @@ def with_response(
     config: TrainerRunConfig, response_length: int
 ) -> tuple[TrainerRunConfig, tuple[str, ...]]:
     """`config` with `response_length` and its overrides: rollout.max_model_len at prompt +
-    response, and each token budget (suggest.SP_BUDGETS) of a pass with use_dynamic_bsz
-    raised, where below, to one whole sequence per sp group ((prompt + response) / sp per
-    rank). Raises ValueError where the config is invalid at that length."""
+    response, and each token budget the run reads (suggest.read_budgets) raised, where below,
+    to one whole sequence per sp group ((prompt + response) / sp per rank). Raises ValueError
+    where the config is invalid at that length."""
     seq = config.rollout.prompt_length + response_length
     rollout = dataclasses.replace(
         config.rollout, response_length=response_length, max_model_len=seq
@@ -76,10 +81,9 @@ def with_response(
         _override("rollout.response_length", response_length),
         _override("rollout.max_model_len", seq),
     ]
-    dynamic = {"actor": config.actor.use_dynamic_bsz, "ref": config.ref.use_dynamic_bsz}
     least = -(-seq // config.actor.sp_size)
-    for key in SP_BUDGETS:
-        if dynamic[key.split(".")[0]] and _get(changed, key) < least:
+    for key in read_budgets(config):
+        if _get(changed, key) < least:
             changed = _replace(changed, key, least)
             overrides.append(_override(key, least))
     return changed, tuple(overrides)
@@ -113,7 +117,8 @@ def longest_responses(
         except ValueError as error:
             found.append(LongestFit(sp, prompt, step, 0, None, (), error=str(error)))
             continue
-        length, best, overrides = _search(at_sp, plan, step, limit)
+        length, best, overrides = _search(at_sp, plan, step, limit, _fits)
+        clear = _search(at_sp, plan, step, length, _fits_clearly)[0] if length else 0
         at_limit = length == limit // step * step
         found.append(
             LongestFit(
@@ -125,6 +130,7 @@ def longest_responses(
                 _last_wins((*sp_overrides, *overrides)) if length else (),
                 at_limit=at_limit,
                 limited_by=() if at_limit else _problems(at_sp, plan, length + step),
+                clear_response_length=clear,
             )
         )
     return found
@@ -147,10 +153,23 @@ def _problems(config: TrainerRunConfig, plan: Any, response_length: int) -> tupl
     return plan(changed).problems
 
 
+def _fits(plan: Plan) -> bool:
+    return plan.fits
+
+
+def _fits_clearly(plan: Plan) -> bool:
+    """Fits by at least the reserve's uncertainty (plan.py's thin-margin warning)."""
+    return plan.fits and plan.margin_gib >= plan.reserve.uncertainty_gib
+
+
 def _search(
-    config: TrainerRunConfig, plan: Any, step: int, limit: int
+    config: TrainerRunConfig,
+    plan: Any,
+    step: int,
+    limit: int,
+    accept: Callable[[Plan], bool],
 ) -> tuple[int, Plan | None, tuple[str, ...]]:
-    """The largest multiple of `step` up to `limit` at which the plan fits (0: none), its plan
+    """The largest multiple of `step` up to `limit` whose plan `accept`s (0: none), its plan
     and its overrides. A length the config refuses (a reward.overlong_buffer longer than the
     response, say) counts as not fitting."""
     lo, hi = 0, limit // step  # lo fits (0: nothing yet); every step above hi does not
@@ -163,7 +182,7 @@ def _search(
             hi = mid - 1
             continue
         result = plan(changed)
-        if result.fits:
+        if accept(result):
             lo, best = mid, (result, overrides)
         else:
             hi = mid - 1

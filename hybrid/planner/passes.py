@@ -1,10 +1,10 @@
 """What the passes of the actor, the critic and the distillation teacher share in the
-planner's byte model: the largest micro-batch of a pass, FSDP2's unsharded parameters and
-gradients, the LM head's logits (full or chunked), a no-grad scoring forward, Ulysses' all-to-all
-under sequence parallelism, and a phase's peak as its largest moment. Pure arithmetic on the
-config and a model's shape; the derivation is in docs/memory-model.md ("Micro-batches",
-"Sequence parallelism", "FSDP2's unsharded parameters and gradients", "Logits, chunked",
-"Logits, full")."""
+planner's byte model: the largest micro-batch of a pass (a rank's slice of it under sequence
+parallelism), FSDP2's unsharded parameters and gradients, the LM head's logits (full or
+chunked), a no-grad scoring forward, Ulysses' all-to-all, and a phase's peak as its largest
+moment. Pure arithmetic on the config and a model's shape; the derivation is in
+docs/memory-model.md ("Micro-batches", "Sequence parallelism", "FSDP2's unsharded parameters
+and gradients", "Logits, chunked", "Logits, full")."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def micro_batch_of(
 ) -> MicroBatch:
     """The largest micro-batch of a pass over the rows one data-parallel slot holds for it (an
     update: its share of a mini-batch), by rows (`micro`) or by the token `budget` when
-    `dynamic`, on one of the `sp` ranks that split it (the actor's and the reference's passes
-    under actor.sp_size; 1 for the others)."""
+    `dynamic`, on one of the `sp` ranks that split it (actor.sp_size: every member's passes,
+    the actor's, the reference's, the critic's and the teacher's)."""
     c = config
     seq, r = c.rollout.prompt_length + c.rollout.response_length, c.rollout.response_length
     slots = c.trainer.num_workers // sp  # sp ranks share a slot's rows

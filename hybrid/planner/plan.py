@@ -25,7 +25,11 @@ distillation's teacher (distill.teacher_path) is sized from its own config.json
 boundaries before the first update; a teacher whose config does not load is left out with a
 warning that says so. With LoRA the reference forward runs on the actor (adapters disabled),
 and adapter mode's first sync (the base) is left out of the steady phases: a note gives its
-peak, and a problem is raised when it does not fit.
+peak, and a problem is raised when it does not fit. Under Ulysses sequence parallelism
+(actor.sp_size = N) every pass (the actor's, the reference's, the critic's, the teacher's)
+counts a rank's slice of each micro-batch (its tokens / N) and the attention's all-to-all,
+the rows split over W / N data-parallel slots, and the reserve the sp mesh's two
+communicators.
 
 Fits: every phase's peak <= gpu memory - the reserve (CUDA context 0.5 GiB + fragmentation
 0.5 GiB + 1.5 GiB per NCCL communicator with NVLS, 0.5 without; none on CPU), the KV cache

@@ -114,8 +114,8 @@ class WorkerSizes:
 
     @property
     def sp(self) -> int:
-        """actor.sp_size: the ranks that split each packed row of the actor's and the
-        reference's passes (their rows go to world / sp data-parallel slots)."""
+        """actor.sp_size: the ranks that split each packed row of a pass (its rows go to
+        world / sp data-parallel slots)."""
         return self.config.actor.sp_size
 
     @property

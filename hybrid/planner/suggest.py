@@ -9,10 +9,10 @@ joins for the merge mode; the distillation teacher's offload and micro-batch joi
 teacher (distill.teacher_path). A pass with use_dynamic_bsz gets its token budget halved (down to
 the longest row, S, or S / sp per rank under sequence parallelism) instead of its
 micro_batch_size. Sequence parallelism (actor.sp_size, `with_sp`: the sizes of `sp_sizes`) is
-the dearest change; with dynamic micro-batches it comes with the actor's and the reference's
-budgets divided by sp, so that each rank holds 1 / sp of the micro-batch it held. The node (`gpu`, `nvls`,
-`host_memory_gib`) is planned as `plan_memory` does; no change here lowers host RAM (every
-offload raises it), so a config whose host RAM does not fit gets no suggestion.
+the dearest change; with dynamic micro-batches it comes with every token budget the run reads
+divided by sp, so that each rank holds 1 / sp of the micro-batch it held. The node (`gpu`,
+`nvls`, `host_memory_gib`) is planned as `plan_memory` does; no change here lowers host RAM
+(every offload raises it), so a config whose host RAM does not fit gets no suggestion.
 """
 
 from __future__ import annotations
@@ -87,13 +87,14 @@ CHUNK_TOKENS = 1024
 """model.log_prob_chunk_tokens suggested for a config that has it off (its default)."""
 SP_SIZES = (2, 4, 8)
 """The sequence-parallel sizes tried (`sp_sizes`): an sp group stays inside a node."""
-SP_BUDGETS = (
-    "actor.ppo_max_token_len_per_gpu",
-    "actor.log_prob_max_token_len_per_gpu",
-    "ref.log_prob_max_token_len_per_gpu",
-)
-"""The token budgets of the passes that run under actor.sp_size (the actor's and the
-reference's), per rank: an sp group's micro-batch holds budget x sp tokens."""
+SP_BUDGETS: dict[str, tuple[str, ...]] = {
+    "actor": ("actor.ppo_max_token_len_per_gpu", "actor.log_prob_max_token_len_per_gpu"),
+    "ref": ("ref.log_prob_max_token_len_per_gpu",),
+    "critic": ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),
+    "distill": ("distill.log_prob_max_token_len_per_gpu",),
+}
+"""The token budgets of every member's passes, by member: per rank, so that under
+actor.sp_size an sp group's micro-batch holds budget x sp tokens."""
 
 
 def _get(config: Any, key: str) -> Any:
@@ -132,19 +133,32 @@ def sp_sizes(config: TrainerRunConfig, shape: ModelShape) -> list[int]:
     return sizes
 
 
+def read_budgets(config: TrainerRunConfig) -> tuple[str, ...]:
+    """The token budgets (SP_BUDGETS) the run reads: those of its members that run, with
+    use_dynamic_bsz."""
+    runs = {
+        "actor": True,
+        "ref": config.needs_reference,
+        "critic": config.use_critic,
+        "distill": config.distill.enabled,
+    }
+    return tuple(
+        key
+        for owner, keys in SP_BUDGETS.items()
+        if runs[owner] and _get(config, owner).use_dynamic_bsz
+        for key in keys
+    )
+
+
 def with_sp(config: TrainerRunConfig, sp: int) -> tuple[TrainerRunConfig, tuple[str, ...]]:
-    """`config` at actor.sp_size=sp and its Hydra overrides. Each token budget (SP_BUDGETS)
-    of a pass with use_dynamic_bsz is scaled by the old sp / sp, so that an sp group's
-    micro-batch holds the tokens it held, each rank 1 / sp of them, and kept at or above
-    S / sp (a group must hold one whole sequence). Raises ValueError where the config is
-    invalid at that size."""
+    """`config` at actor.sp_size=sp and its Hydra overrides. Each token budget the run reads
+    (`read_budgets`) is scaled by the old sp / sp, so that an sp group's micro-batch holds
+    the tokens it held, each rank 1 / sp of them, and kept at or above S / sp (a group must
+    hold one whole sequence). Raises ValueError where the config is invalid at that size."""
     old, seq = config.actor.sp_size, config.rollout.prompt_length + config.rollout.response_length
-    dynamic = {"actor": config.actor.use_dynamic_bsz, "ref": config.ref.use_dynamic_bsz}
     changed = config
     overrides = [_override("actor.sp_size", sp)]
-    for key in SP_BUDGETS:
-        if not dynamic[key.split(".")[0]]:
-            continue  # a budget the pass does not read
+    for key in read_budgets(config):
         budget = max(-(-_get(config, key) * old // sp), -(-seq // sp))
         changed = _replace(changed, key, budget)
         overrides.append(_override(key, budget))
@@ -195,7 +209,7 @@ def _values(config: TrainerRunConfig, shape: ModelShape, key: str, lora_rank: in
         return []  # the other kind of micro-batch, or no reference forward
     # Halvings; a token budget below the longest row (S tokens; S / sp per rank of an sp
     # group) is an error.
-    sp = c.actor.sp_size if owner in ("actor", "ref") else 1
+    sp = c.actor.sp_size
     least = -(-(c.rollout.prompt_length + c.rollout.response_length) // sp) if by_tokens else 1
     return [current >> k for k in range(1, current.bit_length()) if current >> k >= least]
 

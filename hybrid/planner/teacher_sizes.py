@@ -74,8 +74,8 @@ class TeacherSizes:
 
     def micro_batch(self) -> MicroBatch:
         d = self.config.distill
-        budget = d.log_prob_max_token_len_per_gpu
-        return micro_batch_of(self.config, False, d.use_dynamic_bsz, budget, d.micro_batch_size)
+        budget, sp = d.log_prob_max_token_len_per_gpu, self.config.actor.sp_size
+        return micro_batch_of(self.config, False, d.use_dynamic_bsz, budget, d.micro_batch_size, sp)
 
     def forward(self) -> Bytes:
         """teacher/forward's transient: a no-grad scoring forward of its largest micro-batch."""
