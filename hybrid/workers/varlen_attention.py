@@ -51,8 +51,6 @@ def varlen_sdpa_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query (1, heads, T, d), key/value (1, kv_heads, T, d) -> (1, T, heads, d). The packed
@@ -63,20 +61,9 @@ def varlen_sdpa_attention(
     group = active_group()
     if group is not None:
         return ulysses_attention(
-            _attend_packed,
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            group,
-            dropout=dropout,
-            scaling=scaling,
-            **kwargs,
+            _attend_packed, module, query, key, value, attention_mask, group, **kwargs
         )
-    return _attend_packed(
-        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-    )
+    return _attend_packed(module, query, key, value, attention_mask, **kwargs)
 
 
 def _attend_packed(
