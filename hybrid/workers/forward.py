@@ -26,7 +26,7 @@ from hybrid.workers.sequence_parallel import (
     SpGroup,
     gather_scores,
     shard_inputs,
-    ulysses_attention_on,
+    sliced_pass,
 )
 
 
@@ -99,7 +99,7 @@ def score_micro_batch(
         log_probs, entropy = _score(model, inputs, config, with_entropy, entropy_grad)
     else:  # this rank's slice of the row; the scalars of every slice gathered
         shard = shard_inputs(inputs, config.sp.rank, config.sp.size)
-        with ulysses_attention_on(config.sp.group):
+        with sliced_pass(model, shard, config.sp.group):
             local, local_entropy = _score(model, shard.inputs, config, with_entropy, entropy_grad)
         columns = [local] if local_entropy is None else [local, local_entropy]
         gathered = gather_scores(torch.stack(columns, dim=1), shard, config.sp)

@@ -2,8 +2,9 @@
 
 The sp ranks of one data-parallel slot receive the same micro-batch. Each packs it into one
 row of T tokens (hybrid.workers.packing), pads the row to a multiple of sp with a segment of
-its own (positions restarting at 0, so no real token attends to it), and keeps its slice of
-t = T / sp tokens: rank r reads tokens [r * t, (r + 1) * t). The labels are taken on the
+its own (positions restarting at 0, so no real token attends to it), embeds the whole row and
+keeps its slice of t = T / sp tokens of the embeddings: rank r computes tokens
+[r * t, (r + 1) * t) from there on. The labels are taken on the
 whole row first: the state at position p predicts the token at p + 1, which may sit on the
 next rank's slice (peers that shifted after slicing gave every shard's last token a wrong
 label, verl #6068). Attention sees the whole row by two all-to-alls per layer
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from hybrid.workers.packing import ModelInputs
 
@@ -50,6 +52,25 @@ def ulysses_attention_on(group: dist.ProcessGroup) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+@contextmanager
+def sliced_pass(model: nn.Module, shard: Shard, group: dist.ProcessGroup) -> Iterator[None]:
+    """Within: `model` embeds the whole padded row and keeps this rank's slice of the
+    embeddings (whatever the embedding step merges in, image features later, sees the whole
+    row), and its attention runs Ulysses over `group`."""
+    start, end = shard.span
+
+    def keep_slice(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output[:, start:end]
+
+    embedding = model.get_input_embeddings()  # type: ignore[operator]
+    handle = embedding.register_forward_hook(keep_slice)
+    try:
+        with ulysses_attention_on(group):
+            yield
+    finally:
+        handle.remove()
+
+
 @dataclass(frozen=True)
 class SpGroup:
     """This rank's place in its sequence-parallel group."""
@@ -64,8 +85,11 @@ class Shard:
     """One rank's slice of a packed row and where its scores sit among all ranks'."""
 
     inputs: ModelInputs
-    """The slice: ids and positions (1, t), the whole padded row's cu_seqlens, the local
-    score_index and labels (the scores of the slice's positions, in ascending order)."""
+    """What this rank's model call reads: the whole padded row's ids (1, T) and cu_seqlens,
+    the slice's positions (1, t), and its local score_index and labels (the scores of the
+    slice's positions, in ascending order)."""
+    span: tuple[int, int]
+    """[start, end) of the slice in the padded row: what the embedding's output is cut to."""
     counts: list[int]
     """Scored positions on each rank of the group, in rank order."""
 
@@ -92,14 +116,14 @@ def shard_inputs(inputs: ModelInputs, rank: int, size: int) -> Shard:
     counts = torch.bucketize(inputs.score_index, edges[1:-1], right=True).bincount(minlength=size)
     sliced = replace(
         inputs,
-        input_ids=ids[:, start:end],
+        input_ids=ids,
         position_ids=positions[:, start:end],
         score_index=inputs.score_index[mine] - start,
         labels=inputs.labels[mine],
         cu_seqlens=cu_seqlens,
         max_seqlen=max(inputs.max_seqlen, pad),
     )
-    return Shard(sliced, counts.tolist())
+    return Shard(sliced, (start, end), counts.tolist())
 
 
 class _GatherScores(torch.autograd.Function):

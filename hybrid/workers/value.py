@@ -24,7 +24,7 @@ from hybrid.workers.sequence_parallel import (
     SpGroup,
     gather_scores,
     shard_inputs,
-    ulysses_attention_on,
+    sliced_pass,
 )
 
 UPDATE_KEYS = (
@@ -53,7 +53,7 @@ def head_scores(
     if sp is None:
         return _head(model, inputs)
     shard = shard_inputs(inputs, sp.rank, sp.size)
-    with ulysses_attention_on(sp.group):
+    with sliced_pass(model, shard, sp.group):
         local = _head(model, shard.inputs)
     return gather_scores(local[:, None], shard, sp)[:, 0]
 

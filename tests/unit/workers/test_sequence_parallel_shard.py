@@ -33,9 +33,11 @@ def _row() -> ModelInputs:
 
 def test_two_ranks_split_the_row_and_score_across_the_edge() -> None:
     first, second = (shard_inputs(_row(), rank, 2) for rank in (0, 1))
-    # 9 tokens -> 10: one padding token, its own sequence.
-    assert first.inputs.input_ids.tolist() == [[10, 11, 12, 13, 14]]
-    assert second.inputs.input_ids.tolist() == [[20, 21, 22, 23, 0]]
+    # 9 tokens -> 10: one padding token, its own sequence. Each rank embeds the whole row and
+    # keeps its span of the embeddings.
+    assert first.inputs.input_ids.tolist() == [[10, 11, 12, 13, 14, 20, 21, 22, 23, 0]]
+    assert (first.span, second.span) == ((0, 5), (5, 10))
+    assert first.inputs.position_ids.tolist() == [[0, 1, 2, 3, 4]]
     assert second.inputs.position_ids.tolist() == [[0, 1, 2, 3, 0]]
     assert first.inputs.cu_seqlens.tolist() == [0, 5, 9, 10]
     assert first.counts == second.counts == [2, 3]
@@ -58,8 +60,9 @@ def test_the_last_position_of_a_slice_is_scored_against_the_next_slice_s_token()
     first = shard_inputs(scored, 0, 2)
     assert first.inputs.score_index.tolist() == [3, 4]
     assert first.inputs.labels.tolist() == [14, 20]  # 20 lives on rank 1's slice
-    # Shifting after slicing would read the label off rank 0's own ids: none past 14.
-    shifted_locally = first.inputs.input_ids[0, 1:].tolist()
+    # Shifting after slicing would read the label off rank 0's own span of ids: none past 14.
+    start, end = first.span
+    shifted_locally = first.inputs.input_ids[0, start + 1 : end].tolist()
     assert 20 not in shifted_locally
 
 
@@ -79,7 +82,7 @@ def test_no_padding_when_the_row_fills_the_ranks() -> None:
         1,
         4,
     )
-    assert even.inputs.input_ids.tolist() == [[12, 13]]
+    assert even.span == (2, 4) and even.inputs.position_ids.tolist() == [[2, 3]]
     assert even.inputs.cu_seqlens.tolist() == [0, 5, 8]
     assert even.counts == [0, 2, 1, 1]
 
