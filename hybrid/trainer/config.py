@@ -785,12 +785,8 @@ class TrainerRunConfig:
                 f"actor.sp_size ({sp}) splits packed rows: model.use_remove_padding must be true"
             )
         check_sequence_parallel_attention(self.model.attn_implementation, sp)
-        unsupported = [name for name, on in (("actor.ep_size", self.actor.ep_size > 1),) if on]
-        if unsupported:
-            raise ValueError(
-                f"actor.sp_size ({sp}) does not run with {', '.join(unsupported)} yet (its "
-                "scores are not split)"
-            )
+        if self.actor.ep_size > 1:
+            raise ValueError(f"actor.sp_size ({sp}) does not run with actor.ep_size yet")
 
     def check_paths(self) -> None:
         """The files a run reads exist (not part of __post_init__: the memory planner reads a

@@ -39,7 +39,7 @@ from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.lora import adapter_spec, adapters_disabled, expert_adapters
-from hybrid.workers.parallel import ParallelState, init_parallel
+from hybrid.workers.parallel import ParallelState, init_trainer_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.routing import MoeRouting
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
@@ -67,13 +67,7 @@ class ActorWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         c = self.config
-        self.parallel: ParallelState = init_parallel(
-            self.rank_env,
-            c.rollout.tensor_parallel_size,
-            c.actor.hsdp_replicas,
-            c.actor.ep_size,
-            c.actor.sp_size,
-        )
+        self.parallel: ParallelState = init_trainer_parallel(self.rank_env, c)
         device = self.parallel.device
         self.hardware = Hardware.detect(device)
         self.dtypes: ComputeDtypes = c.compute_dtypes(self.hardware)

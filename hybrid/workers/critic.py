@@ -31,7 +31,7 @@ from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.forward import pass_config
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
-from hybrid.workers.parallel import init_parallel
+from hybrid.workers.parallel import init_trainer_parallel
 from hybrid.workers.value import ValueTrainer, compute_values, warmup_scheduler
 
 SCHEDULER_KEY = "critic_lr_scheduler"
@@ -74,13 +74,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         c, critic = self.config, self.config.critic
-        parallel = init_parallel(
-            self.rank_env,
-            c.rollout.tensor_parallel_size,
-            c.actor.hsdp_replicas,
-            c.actor.ep_size,
-            c.actor.sp_size,
-        )
+        parallel = init_trainer_parallel(self.rank_env, c)
         self.device = parallel.device
         precision = critic.precision
         dtype = resolve_dtype(precision.param_dtype, "trainer", Hardware.detect(self.device))

@@ -22,12 +22,7 @@ from hybrid.workers.log_prob_head import scoring_head
 from hybrid.workers.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
 from hybrid.workers.routing import MoeRouting
-from hybrid.workers.sequence_parallel import (
-    SpGroup,
-    gather_scores,
-    shard_inputs,
-    sliced_pass,
-)
+from hybrid.workers.sequence_parallel import SpGroup, scores_over_group
 
 
 @dataclass(frozen=True)
@@ -98,13 +93,14 @@ def score_micro_batch(
     if config.sp is None:
         log_probs, entropy = _score(model, inputs, config, with_entropy, entropy_grad)
     else:  # this rank's slice of the row; the scalars of every slice gathered
-        shard = shard_inputs(inputs, config.sp.rank, config.sp.size)
-        with sliced_pass(model, shard, config.sp.group):
-            local, local_entropy = _score(model, shard.inputs, config, with_entropy, entropy_grad)
-        columns = [local] if local_entropy is None else [local, local_entropy]
-        gathered = gather_scores(torch.stack(columns, dim=1), shard, config.sp)
+
+        def columns(part: ModelInputs) -> torch.Tensor:
+            local, local_entropy = _score(model, part, config, with_entropy, entropy_grad)
+            return torch.stack([local] if local_entropy is None else [local, local_entropy], 1)
+
+        gathered = scores_over_group(model, inputs, config.sp, columns)
         log_probs = gathered[:, 0]
-        entropy = gathered[:, 1] if local_entropy is not None else None
+        entropy = gathered[:, 1] if with_entropy else None
     return Scores(
         log_probs=inputs.scatter(log_probs),
         entropy=None if entropy is None else inputs.scatter(entropy),

@@ -14,7 +14,7 @@ from hybrid.dtypes import Dtype, Hardware, torch_dtype
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.fsdp import build_fsdp_model
-from hybrid.workers.parallel import init_parallel
+from hybrid.workers.parallel import init_trainer_parallel
 from hybrid.workers.sequence_parallel import SpGroup
 
 
@@ -38,13 +38,7 @@ def build_frozen_model(
 ) -> FrozenModel:
     """The model at `path` on this rank's share of the training mesh, stored and computed in
     `dtype_for(the hardware)`; still on the device (the caller offloads once it is set up)."""
-    parallel = init_parallel(
-        rank_env,
-        config.rollout.tensor_parallel_size,
-        config.actor.hsdp_replicas,
-        config.actor.ep_size,
-        config.actor.sp_size,
-    )
+    parallel = init_trainer_parallel(rank_env, config)
     dtype = torch_dtype(dtype_for(Hardware.detect(parallel.device)))
     model = build_fsdp_model(
         path,

@@ -67,12 +67,8 @@ def target_modules(model: nn.Module, lora: LoraConfig) -> list[str]:
             f"{type(model).__name__}; its decoder layers have {existing}"
         )
     if any(name in on_experts for name in lora.target_modules):
-        from peft import LoraConfig as PeftLoraConfig
-        from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
-
-        probe = PeftLoraConfig(r=1, target_modules=list(lora.target_modules))
         try:  # peft's own rules for the experts (gate and up fused: both or neither)
-            convert_peft_config_for_transformers(probe, model, None)
+            expert_aliases(model, lora.target_modules)
         except ValueError as error:
             raise ValueError(f"model.lora.target_modules: {error}") from None
     return list(lora.target_modules)

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.controller import RankEnv
 from hybrid.rollout.engine_args import EngineSite
+from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.expert_parallel import expert_mesh_shape
 from hybrid.workers.sequence_parallel import SpGroup
 
@@ -177,6 +178,18 @@ def init_parallel(
         ),
     )
     return _STATE
+
+
+def init_trainer_parallel(rank_env: RankEnv, config: HybridWorkerConfig) -> ParallelState:
+    """`init_parallel` for a trainer-side member (actor, reference, critic, teacher, reward
+    model): every size from the run's config, so colocated members agree."""
+    return init_parallel(
+        rank_env,
+        config.rollout.tensor_parallel_size,
+        config.actor.hsdp_replicas,
+        config.actor.ep_size,
+        config.actor.sp_size,
+    )
 
 
 def _pick_device(rank_env: RankEnv) -> torch.device:

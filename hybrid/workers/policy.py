@@ -73,9 +73,9 @@ class PolicyTrainer:
     ) -> None:
         self.model = model
         self.routing = routing
+        """The MoE routers' hooks (None: a dense model)."""
         self.dp_group = dp_group
         """The data-parallel ranks (one per sp group) the normalisers sum over; None: all."""
-        """The MoE routers' hooks (None: a dense model)."""
         self.optimizer = optimizer
         self.config = config
         self.spec = spec

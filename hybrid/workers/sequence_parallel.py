@@ -20,7 +20,7 @@ summing the copies (summing would count the loss sp times).
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -43,16 +43,6 @@ def active_group() -> dist.ProcessGroup | None:
 
 
 @contextmanager
-def ulysses_attention_on(group: dist.ProcessGroup) -> Iterator[None]:
-    """Within: the registered varlen attention exchanges heads and tokens over `group`."""
-    token = _ACTIVE.set(group)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-@contextmanager
 def sliced_pass(model: nn.Module, shard: Shard, group: dist.ProcessGroup) -> Iterator[None]:
     """Within: `model` embeds the whole padded row and keeps this rank's slice of the
     embeddings (whatever the embedding step merges in, image features later, sees the whole
@@ -64,10 +54,11 @@ def sliced_pass(model: nn.Module, shard: Shard, group: dist.ProcessGroup) -> Ite
 
     embedding = model.get_input_embeddings()  # type: ignore[operator]
     handle = embedding.register_forward_hook(keep_slice)
+    token = _ACTIVE.set(group)  # read by the registered varlen attention (active_group)
     try:
-        with ulysses_attention_on(group):
-            yield
+        yield
     finally:
+        _ACTIVE.reset(token)
         handle.remove()
 
 
@@ -151,3 +142,18 @@ def gather_scores(local: torch.Tensor, shard: Shard, sp: SpGroup) -> torch.Tenso
     """(n_local, k) scores of this rank's positions -> (n, k) of the whole row, in order,
     in fp32 (gloo moves no 16-bit tensors)."""
     return _GatherScores.apply(local.float(), shard.counts, sp.rank, sp.group)
+
+
+def scores_over_group(
+    model: nn.Module,
+    inputs: ModelInputs,
+    sp: SpGroup,
+    score: Callable[[ModelInputs], torch.Tensor],
+) -> torch.Tensor:
+    """`score(inputs)`'s (n, k) scalars of a whole packed row, computed split over the sp
+    group: this rank's slice through `model` (embedding cut, Ulysses attention), every
+    rank's rows gathered in order."""
+    shard = shard_inputs(inputs, sp.rank, sp.size)
+    with sliced_pass(model, shard, sp.group):
+        local = score(shard.inputs)
+    return gather_scores(local, shard, sp)

@@ -20,12 +20,7 @@ from hybrid.workers.forward import PassConfig, micro_batches
 from hybrid.workers.fsdp import clip_and_step
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
 from hybrid.workers.policy import boundary, loss_scales, mean_over_mini_batches, normalisers
-from hybrid.workers.sequence_parallel import (
-    SpGroup,
-    gather_scores,
-    shard_inputs,
-    sliced_pass,
-)
+from hybrid.workers.sequence_parallel import SpGroup, scores_over_group
 
 UPDATE_KEYS = (
     "input_ids",
@@ -52,10 +47,7 @@ def head_scores(
     scalars of every slice gathered."""
     if sp is None:
         return _head(model, inputs)
-    shard = shard_inputs(inputs, sp.rank, sp.size)
-    with sliced_pass(model, shard, sp.group):
-        local = _head(model, shard.inputs)
-    return gather_scores(local[:, None], shard, sp)[:, 0]
+    return scores_over_group(model, inputs, sp, lambda part: _head(model, part)[:, None])[:, 0]
 
 
 def _head(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:

@@ -56,7 +56,7 @@ def varlen_sdpa_attention(
     """query (1, heads, T, d), key/value (1, kv_heads, T, d) -> (1, T, heads, d). The packed
     row's sequences are `cu_seq_lens_q` where the caller passes them (hybrid.workers.packing),
     else read off the position ids. Under sequence parallelism (a pass that opened
-    `ulysses_attention_on`) the tensors are this rank's slice of the row, and the attention
+    `sequence_parallel.sliced_pass`) the tensors are this rank's slice of the row, and the attention
     of the whole row runs behind two all-to-alls (hybrid.workers.ulysses)."""
     group = active_group()
     if group is not None:
