@@ -33,6 +33,15 @@ def num_experts(config: Any) -> int:
     return 0
 
 
+VISION_FAMILIES = ("qwen2_vl",)
+"""Vision-language model types trained here (a vision tower before the decoder, mRoPE)."""
+
+
+def is_vision(config: Any) -> bool:
+    """A vision-language model: its config (or config.json) has a vision tower."""
+    return _field(config, "vision_config") is not None
+
+
 def model_type(config: Any) -> str | None:
     value = _field(config, "model_type")
     return value if isinstance(value, str) else None

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from hybrid.data.batch import Batch
+from hybrid.data.images import IMAGES_COLUMN, ImageSet
 
 NO_VERSION = -1
 """`versions` value on padding positions and on context tokens (no weights sampled them)."""
@@ -90,6 +91,9 @@ class Sample:
     """(tokens, MoE layers, top-k): the experts the engine chose for the prompt and response
     tokens it ran through the model, in order (all but the last response token), from the
     request that finished the sample; None unless the engine was asked for them."""
+    images: ImageSet | None = None
+    """The prompt's images (a vision-language run; their spans are expanded in `prompt_ids`),
+    kept apart from `metadata` so that they never travel to reward processes."""
 
     @property
     def response_length(self) -> int:
@@ -137,7 +141,8 @@ def samples_to_batch(
     right-padded to `response_length`. Non-tensor columns: uid, index, status, response_text,
     reward (None where unscored) and every metadata key (all samples must have the same keys);
     agent trajectories add the `env_rewards` tensor and the `agent_stats` column (all samples
-    of a batch are trajectories or none is).
+    of a batch are trajectories or none is); where any sample has images, the `images` column
+    holds each sample's ImageSet (empty for a text-only one).
     """
     if not samples:
         raise ValueError("samples_to_batch: no samples")
@@ -209,6 +214,8 @@ def samples_to_batch(
     routing = [s.routed_experts for s in samples]
     if any(r is not None for r in routing):
         tensors.update(_routing_columns(samples, width, response_length))
+    if any(s.images for s in samples):
+        non_tensors[IMAGES_COLUMN] = [s.images or ImageSet(()) for s in samples]
     if agent:
         rewards = torch.tensor(env_reward_rows, dtype=torch.float32)
         tensors["env_rewards"] = rewards.view(len(samples), response_length)

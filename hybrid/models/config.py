@@ -1,9 +1,9 @@
 """`TinyModelConfig`: the typed, validated shape of a decoder model built locally.
 
-Owns the architecture family (Qwen2, Llama, Mistral, Qwen3, and the mixtures of experts
-Qwen3-MoE and Qwen2-MoE), the sizes, the vocabulary choice, the checkpoint dtype and the named
-presets (`tiny` for tests and CPU runs, `tiny-moe` its mixture-of-experts twin, `bench-100m`
-for benchmarks). No torch or transformers import here.
+Owns the architecture family (Qwen2, Llama, Mistral, Qwen3, the mixtures of experts
+Qwen3-MoE and Qwen2-MoE, and the vision-language Qwen2-VL), the sizes, the vocabulary choice,
+the checkpoint dtype and the named presets (`tiny` for tests and CPU runs, `tiny-moe` its
+mixture-of-experts twin, `tiny-vl` its vision-language twin, `bench-100m` for benchmarks). No torch or transformers import here.
 """
 
 from __future__ import annotations
@@ -14,12 +14,19 @@ from typing import Any, Literal, get_args
 
 from hybrid.models.tokenizer import VOCAB_NAMES, VocabName
 
-Architecture = Literal["qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "qwen2_moe"]
+Architecture = Literal["qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "qwen2_moe", "qwen2_vl"]
 ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
 MOE_ARCHITECTURES: tuple[Architecture, ...] = ("qwen3_moe", "qwen2_moe")
+VISION_ARCHITECTURES: tuple[Architecture, ...] = ("qwen2_vl",)
+TEXT_ARCHITECTURES: tuple[Architecture, ...] = tuple(
+    a for a in ARCHITECTURES if a not in VISION_ARCHITECTURES
+)
+"""The causal-LM families (AutoModelForCausalLM builds them)."""
 CheckpointDtype = Literal["bfloat16", "float32"]
-PresetName = Literal["tiny", "tiny-moe", "bench-100m"]
+PresetName = Literal["tiny", "tiny-moe", "tiny-vl", "bench-100m"]
 MIN_HEAD_DIM = 32
+IMAGE_MIN_PIXELS = 28 * 28
+"""One merged patch (2 x 2 patches of 14 x 14): the smallest image a Qwen2-VL tower reads."""
 MOE_SIZE_MULTIPLE = 32
 """vLLM's CPU expert kernels take hidden and expert widths that are multiples of 32."""
 
@@ -70,6 +77,15 @@ class TinyModelConfig:
     """Width of each expert's SwiGLU MLP (and of Qwen2-MoE's shared expert)."""
     mlp_only_layers: tuple[int, ...] = (0,)
     """Layers that keep a dense MLP (of `intermediate_size`) among the MoE layers."""
+    vision_depth: int = 1
+    """Vision transformer blocks (vision-language families only)."""
+    vision_embed_dim: int = 64
+    """Width of the vision transformer (its heads are `vision_embed_dim / vision_num_heads`)."""
+    vision_num_heads: int = 2
+    """Attention heads of the vision transformer."""
+    image_max_pixels: int = 56 * 56
+    """The processor's pixel budget per image: larger images are scaled down to it (56 x 56:
+    16 patches of 14 x 14, merged 2 x 2 into 4 image tokens)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -116,11 +132,39 @@ class TinyModelConfig:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
         if self.is_moe:
             self._check_experts()
+        if self.is_vision:
+            self._check_vision()
 
     @property
     def is_moe(self) -> bool:
         """A mixture-of-experts family."""
         return self.architecture in MOE_ARCHITECTURES
+
+    @property
+    def is_vision(self) -> bool:
+        """A vision-language family (a vision tower before the decoder)."""
+        return self.architecture in VISION_ARCHITECTURES
+
+    def _check_vision(self) -> None:
+        for name in ("vision_depth", "vision_embed_dim", "vision_num_heads", "image_max_pixels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.vision_embed_dim % self.vision_num_heads:
+            raise ValueError(
+                f"vision_embed_dim ({self.vision_embed_dim}) must be divisible by "
+                f"vision_num_heads ({self.vision_num_heads})"
+            )
+        if self.head_dim % 16:
+            raise ValueError(
+                f"head_dim {self.head_dim} must be a multiple of 16: mRoPE splits half of it "
+                "1/4 temporal, 3/8 height, 3/8 width"
+            )
+        if self.image_max_pixels < IMAGE_MIN_PIXELS:
+            raise ValueError(
+                f"image_max_pixels={self.image_max_pixels} is below one merged patch "
+                f"({IMAGE_MIN_PIXELS} pixels, 28 x 28)"
+            )
 
     def _check_experts(self) -> None:
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
@@ -159,6 +203,8 @@ class TinyModelConfig:
         - "tiny": the defaults (hidden 128, 2 layers, 2 heads, 1 KV head), ~0.3M parameters.
         - "tiny-moe": the same shape as Qwen3-MoE, layer 0 dense, layer 1 with 4 experts of
           width 64, top-2 (`architecture="qwen2_moe"` adds the shared expert).
+        - "tiny-vl": the "tiny" decoder as Qwen2-VL's language model behind a one-block
+          vision tower of width 64 (images up to 56 x 56 pixels: 4 image tokens).
         - "bench-100m": hidden 768, 12 layers, 12 heads (head_dim 64), 4 KV heads,
           MLP 3072, 2048 positions: ~104M parameters, for benchmarks.
         "tiny" and "bench-100m" are Qwen2 unless `architecture` is overridden.
@@ -171,6 +217,7 @@ class TinyModelConfig:
 _PRESETS: dict[str, TinyModelConfig] = {
     "tiny": TinyModelConfig(),
     "tiny-moe": TinyModelConfig(architecture="qwen3_moe"),
+    "tiny-vl": TinyModelConfig(architecture="qwen2_vl"),
     "bench-100m": TinyModelConfig(
         hidden_size=768,
         num_hidden_layers=12,

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     GenerationConfig,
     LlamaConfig,
     MistralConfig,
@@ -33,13 +34,18 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
 )
+from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLImageProcessorPil
 
-from hybrid.models.config import TinyModelConfig
+from hybrid.models.config import IMAGE_MIN_PIXELS, TinyModelConfig
 from hybrid.models.state_dict import adapter_for
 from hybrid.models.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
+    IMAGE_PAD_TOKEN,
     PAD_TOKEN_ID,
+    VIDEO_PAD_TOKEN,
+    VISION_END_TOKEN,
+    VISION_START_TOKEN,
     build_tokenizer,
     save_tokenizer,
     vocab_size,
@@ -53,7 +59,7 @@ _DEFAULT_CONFIG = TinyModelConfig()
 def _common_kwargs(config: TinyModelConfig) -> dict[str, Any]:
     """The transformers config fields every family shares."""
     return dict(
-        vocab_size=vocab_size(config.vocab),
+        vocab_size=vocab_size(config.vocab, config.is_vision),
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
@@ -107,6 +113,8 @@ def hf_config(config: TinyModelConfig) -> PretrainedConfig:
         )
     if config.is_moe:
         return _moe_config(config, common)
+    if config.is_vision:
+        return _vision_config(config, common)
     assert config.architecture == "qwen3", config.architecture
     return Qwen3Config(
         architectures=["Qwen3ForCausalLM"],
@@ -149,13 +157,72 @@ def _moe_config(config: TinyModelConfig, common: dict[str, Any]) -> PretrainedCo
     )
 
 
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+"""Qwen2-VL's patch (pixels per side) and merge (patches per side of one image token)."""
+
+
+def _vision_config(config: TinyModelConfig, common: dict[str, Any]) -> PretrainedConfig:
+    """Qwen2-VL: the decoder of `common` (q/k/v biases as Qwen2's, mRoPE over temporal,
+    height and width sections of half the head) behind a vision tower whose merger writes
+    the decoder's width; the vision token ids are the tokenizer's."""
+    vocabulary = build_tokenizer(config.vocab, config.max_position_embeddings, vision=True)
+    ids = vocabulary.convert_tokens_to_ids
+    # Qwen2-VL's split of the rotary half: 1/4 temporal, 3/8 height, 3/8 width.
+    half = config.head_dim // 2
+    section = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
+    text = dict(common)
+    text.pop("dtype")
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": config.rope_theta,
+        "mrope_section": section,
+    }
+    text["max_window_layers"] = config.num_hidden_layers
+    text["use_sliding_window"] = False
+    return Qwen2VLConfig(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        text_config=text,
+        vision_config=dict(
+            depth=config.vision_depth,
+            embed_dim=config.vision_embed_dim,
+            hidden_size=config.hidden_size,
+            num_heads=config.vision_num_heads,
+            mlp_ratio=2,
+            patch_size=PATCH_SIZE,
+            spatial_merge_size=MERGE_SIZE,
+            temporal_patch_size=2,
+            in_channels=3,
+            initializer_range=config.initializer_range,
+        ),
+        image_token_id=ids(IMAGE_PAD_TOKEN),
+        video_token_id=ids(VIDEO_PAD_TOKEN),
+        vision_start_token_id=ids(VISION_START_TOKEN),
+        vision_end_token_id=ids(VISION_END_TOKEN),
+        tie_word_embeddings=config.tie_word_embeddings,
+        dtype=common["dtype"],
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+
+
+def model_class(model_config: PretrainedConfig) -> Any:
+    """The auto class that builds `model_config`: image-text-to-text for a vision-language
+    family (the causal-LM class has no entry for them), else the causal LM."""
+    if getattr(model_config, "vision_config", None) is not None:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def parameter_shapes(config: TinyModelConfig) -> dict[str, torch.Size]:
     """HF parameter names and shapes, in module order, tied weights listed once.
 
     Built on the meta device: no memory is allocated, whatever the size.
     """
+    model_config = hf_config(config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(config))
+        model = model_class(model_config).from_config(model_config)
     return {name: param.shape for name, param in model.named_parameters()}
 
 
@@ -173,7 +240,7 @@ def init_state_dict(config: TinyModelConfig, seed: int = 0) -> dict[str, torch.T
     shapes = parameter_shapes(config)
     for name in sorted(shapes):  # sorted: the draw order does not follow module order
         shape = shapes[name]
-        if name.endswith("norm.weight"):
+        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
             tensor = torch.ones(shape, dtype=dtype)
         elif name.endswith(".bias"):
             tensor = torch.zeros(shape, dtype=dtype)
@@ -205,8 +272,23 @@ def build_tiny_model(
         name: t.contiguous() for name, t in adapter_for(model_config).to_checkpoint(state.items())
     }
     save_file(on_disk, output_dir / WEIGHTS_NAME, metadata={"format": "pt"})
-    tokenizer = build_tokenizer(config.vocab, config.max_position_embeddings)
+    tokenizer = build_tokenizer(config.vocab, config.max_position_embeddings, config.is_vision)
     # vLLM refuses a tokenizer larger than the embedding; ours are built to be equal.
-    assert len(tokenizer) == model_config.vocab_size
+    assert len(tokenizer) == getattr(model_config, "text_config", model_config).vocab_size
     save_tokenizer(tokenizer, output_dir)
+    if config.is_vision:
+        save_processor(tokenizer, config.image_max_pixels, output_dir)
     return output_dir
+
+
+def save_processor(tokenizer: Any, max_pixels: int, output_dir: Path) -> None:
+    """Write the Qwen2-VL image processor's config (the PIL one, with a pixel budget of
+    `max_pixels`) beside the tokenizer: what transformers' AutoProcessor and vLLM load.
+    (Qwen2VLProcessor itself cannot be built without torchvision, hybrid.models.vision.)"""
+    images = Qwen2VLImageProcessorPil(
+        min_pixels=IMAGE_MIN_PIXELS,
+        max_pixels=max_pixels,
+        patch_size=PATCH_SIZE,
+        merge_size=MERGE_SIZE,
+    )
+    images.save_pretrained(output_dir)

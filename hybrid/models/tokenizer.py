@@ -16,7 +16,8 @@ Qwen2's byte-level pipeline around them, with no unk token. We build exactly tha
 the files on disk, our in-memory tokenizer and what every reader reconstructs agree.
 
 Token ids: 0 `<|endoftext|>` (pad, bos; never prepended), 1 `<|im_start|>`, 2 `<|im_end|>`
-(eos), 3 `<|unk|>`, then the byte symbols in byte order, then `<|reserved_N|>` padding, so
+(eos), 3 `<|unk|>`, then the byte symbols in byte order, then (a vision-language model's
+vocabulary only) Qwen2-VL's four vision tokens, then `<|reserved_N|>` padding, so
 `len(tokenizer)` equals the model's `vocab_size` and every id the model can sample decodes.
 """
 
@@ -38,6 +39,18 @@ EOS_TOKEN = "<|im_end|>"
 UNK_TOKEN = "<|unk|>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, IM_START_TOKEN, EOS_TOKEN, UNK_TOKEN)
 PAD_TOKEN_ID, IM_START_TOKEN_ID, EOS_TOKEN_ID, UNK_TOKEN_ID = range(len(SPECIAL_TOKENS))
+VISION_START_TOKEN = "<|vision_start|>"
+VISION_END_TOKEN = "<|vision_end|>"
+IMAGE_PAD_TOKEN = "<|image_pad|>"
+"""Where an image's features go: the processor repeats it once per merged patch."""
+VIDEO_PAD_TOKEN = "<|video_pad|>"
+VISION_TOKENS: tuple[str, ...] = (
+    VISION_START_TOKEN,
+    VISION_END_TOKEN,
+    IMAGE_PAD_TOKEN,
+    VIDEO_PAD_TOKEN,
+)
+"""Qwen2-VL's vision tokens, in the order the vocabulary lists them (after the characters)."""
 BOS_TOKEN_ID = PAD_TOKEN_ID  # as in Qwen2
 
 VOCAB_MULTIPLE = 16
@@ -80,20 +93,21 @@ def _byte_symbols() -> list[str]:
     return [symbols[b] for b in range(256)]
 
 
-def vocabulary(vocab: VocabName) -> list[str]:
-    """All tokens of `vocab` in id order: specials, byte symbols, reserved padding."""
+def vocabulary(vocab: VocabName, vision: bool = False) -> list[str]:
+    """All tokens of `vocab` in id order: specials, byte symbols, the vision tokens (with
+    `vision`), reserved padding."""
     if vocab not in VOCAB_NAMES:
         raise ValueError(f"vocab must be one of {VOCAB_NAMES}, got {vocab!r}")
     symbols = _byte_symbols()
     if vocab in CHARACTERS:
         symbols = [symbols[ord(c)] for c in CHARACTERS[vocab]]
-    tokens = [*SPECIAL_TOKENS, *symbols]
+    tokens = [*SPECIAL_TOKENS, *symbols, *(VISION_TOKENS if vision else ())]
     return tokens + [f"<|reserved_{i}|>" for i in range(-len(tokens) % VOCAB_MULTIPLE)]
 
 
-def vocab_size(vocab: VocabName) -> int:
+def vocab_size(vocab: VocabName, vision: bool = False) -> int:
     """Number of token ids of `vocab` (what the model's `vocab_size` is)."""
-    return len(vocabulary(vocab))
+    return len(vocabulary(vocab, vision))
 
 
 def unknown_characters(text: str, vocab: VocabName) -> list[str]:
@@ -104,10 +118,14 @@ def unknown_characters(text: str, vocab: VocabName) -> list[str]:
     return list(dict.fromkeys(c for c in text if c not in CHARACTERS[vocab]))
 
 
-def build_tokenizer(vocab: VocabName = "text", model_max_length: int = 512) -> Qwen2Tokenizer:
-    """Build the byte-level tokenizer for `vocab` with its chat template."""
-    tokens = vocabulary(vocab)
+def build_tokenizer(
+    vocab: VocabName = "text", model_max_length: int = 512, vision: bool = False
+) -> Qwen2Tokenizer:
+    """Build the byte-level tokenizer for `vocab` with its chat template; `vision` adds the
+    vision tokens (a vision-language model's)."""
+    tokens = vocabulary(vocab, vision)
     reserved = [t for t in tokens if t.startswith("<|reserved_")]
+    vision_tokens = list(VISION_TOKENS) if vision else []
     tokenizer = Qwen2Tokenizer(
         vocab={t: i for i, t in enumerate(tokens)},
         merges=[],
@@ -115,7 +133,7 @@ def build_tokenizer(vocab: VocabName = "text", model_max_length: int = 512) -> Q
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         unk_token=UNK_TOKEN,
-        extra_special_tokens=[IM_START_TOKEN, *reserved],
+        extra_special_tokens=[IM_START_TOKEN, *vision_tokens, *reserved],
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,  # " ." must decode to " ." for an exact round trip
         chat_template=CHAT_TEMPLATES[vocab],

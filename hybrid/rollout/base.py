@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from hybrid.data import Batch
+from hybrid.data.images import ImageSet
 from hybrid.dtypes import Dtype
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engine_args import EngineSite
@@ -50,13 +51,15 @@ class GeneratedSample:
 @dataclass(frozen=True)
 class Continuation:
     """One sample to generate (further): the prompt plus the response so far, how many new
-    tokens at most, its sampling seed (None: unseeded), and whether to decode greedily (an
-    agent's validation turns) rather than with the rollout's sampling settings."""
+    tokens at most, its sampling seed (None: unseeded), whether to decode greedily (an
+    agent's validation turns) rather than with the rollout's sampling settings, and the
+    prompt's images (a vision-language model; their spans are expanded in `token_ids`)."""
 
     token_ids: list[int]
     max_tokens: int
     seed: int | None = None
     greedy: bool = False
+    images: ImageSet | None = None
 
 
 class RolloutEngine(Protocol):
@@ -102,6 +105,11 @@ class RolloutEngine(Protocol):
         than being dropped (the next sync rewrites them)."""
         ...
 
+    @property
+    def banned_tokens(self) -> frozenset[int]:
+        """Token ids the engine never samples (a vision-language model's placeholders)."""
+        ...
+
     def generate(
         self,
         prompts: Sequence[list[int]],
@@ -109,14 +117,22 @@ class RolloutEngine(Protocol):
         greedy: bool = False,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
+        images: Sequence[ImageSet | None] | None = None,
     ) -> list[GeneratedSample]:
         """`n` samples per prompt (1 when greedy), prompt-major, with per-token log-probs;
-        `max_tokens` per prompt (default: the response length for all)."""
+        `max_tokens` per prompt (default: the response length for all); `images` per prompt
+        (their spans expanded in the prompt's ids)."""
         ...
 
-    def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
+    def score(
+        self,
+        sequences: Sequence[list[int]],
+        with_adapter: bool = True,
+        images: Sequence[ImageSet | None] | None = None,
+    ) -> list[list[float]]:
         """Log-prob of every token of each sequence given its prefix (len - 1 values);
-        `with_adapter=False` scores the base model under a LoRA adapter."""
+        `with_adapter=False` scores the base model under a LoRA adapter; `images` per
+        sequence as in `generate`."""
         ...
 
     def submit(self, request_id: str, request: Continuation) -> None:

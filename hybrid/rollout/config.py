@@ -66,6 +66,9 @@ class RolloutConfig:
     """A mixture of experts: the engine returns the experts it chose for every token it ran
     (vLLM's enable_return_routed_experts: its V2 model runner, CUDA only in vLLM 0.32; the toy
     engine from the module's routers). actor.router_replay=rollout turns it on."""
+    max_images: int = 4
+    """A vision-language model: the most images one prompt may hold (vLLM sizes its encoder
+    cache for them; a prompt row with more is refused at load, naming it)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Multi-turn rollouts with tools and environments (hybrid/rollout/agent/, docs/agents.md):
     off unless agent.enabled."""
@@ -79,6 +82,7 @@ class RolloutConfig:
             max_model_len=self.max_model_len,
             prompt_length=self.prompt_length,
             response_length=self.response_length,
+            max_images=self.max_images,
         )
         if self.prompt_length + self.response_length > self.max_model_len:
             raise ValueError(

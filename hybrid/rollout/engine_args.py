@@ -138,10 +138,11 @@ def check_gpu_kv_cache(config: RolloutConfig, kv_bytes_per_token: int) -> None:
 
 
 def engine_kwargs(
-    config: RolloutConfig, site: EngineSite, *, dtype: str, lora_rank: int
+    config: RolloutConfig, site: EngineSite, *, dtype: str, lora_rank: int, vision: bool = False
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` besides the model path (`lora_rank` > 0: serve one
-    adapter of that rank; its value is already one vLLM accepts)."""
+    adapter of that rank; its value is already one vLLM accepts; `vision`: a vision-language
+    model, images only, at most rollout.max_images per prompt)."""
     kwargs: dict[str, Any] = dict(
         dtype=dtype,
         enforce_eager=enforce_eager(config, site),
@@ -170,6 +171,9 @@ def engine_kwargs(
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank)
     if config.return_routed_experts:
         kwargs["enable_return_routed_experts"] = True
+    if vision:
+        # Images only: vLLM sizes its encoder cache (and profiles) for this many per prompt.
+        kwargs["limit_mm_per_prompt"] = {"image": config.max_images, "video": 0}
     return kwargs
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from hybrid.data.images import ImageSet
 from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.models.routers import experts_dtype, find_routers
 from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
@@ -235,6 +236,11 @@ class ToyEngine:
         """`release` frees nothing, so the weights never wait anywhere else."""
         return False
 
+    @property
+    def banned_tokens(self) -> frozenset[int]:
+        """A text-only engine bans nothing."""
+        return frozenset()
+
     # --- generation -----------------------------------------------------------------------
 
     @torch.no_grad()
@@ -245,9 +251,11 @@ class ToyEngine:
         greedy: bool = False,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
+        images: Sequence[ImageSet | None] | None = None,
     ) -> list[GeneratedSample]:
         """`rollout.n` samples per prompt (1 when greedy), prompt-major; `max_tokens` per
         prompt (default: rollout.response_length); `seeds` per prompt (sample j: seed + j)."""
+        _refuse_images(images)
         budgets = [self.config.response_length] * len(prompts) if max_tokens is None else max_tokens
         if len(budgets) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(budgets)} max_tokens")
@@ -282,6 +290,7 @@ class ToyEngine:
         """Queue one sample (its prompt plus the response so far); `step` advances it."""
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in the toy engine")
+        _refuse_images([request.images])
         settings = GREEDY if request.greedy else self._settings()
         self._live[request_id] = self._request(request, settings)
 
@@ -351,9 +360,15 @@ class ToyEngine:
         return log_prob, finished, stopped
 
     @torch.no_grad()
-    def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
+    def score(
+        self,
+        sequences: Sequence[list[int]],
+        with_adapter: bool = True,
+        images: Sequence[ImageSet | None] | None = None,
+    ) -> list[list[float]]:
         """Log-prob of every token after the first given its prefix: one forward per sequence
         (alone, like generation, so a score does not depend on its batch)."""
+        _refuse_images(images)
         scores = []
         with self._adapter_off() if not with_adapter else nullcontext():
             for sequence in sequences:
@@ -465,3 +480,11 @@ class ToyEngine:
         self._peft = None
         self._targets.clear()
         self._model = None
+
+
+def _refuse_images(images: Sequence[ImageSet | None] | None) -> None:
+    if images is not None and any(images):
+        raise ValueError(
+            "rollout.engine=toy runs text-only models; a vision-language run needs "
+            "rollout.engine=vllm"
+        )

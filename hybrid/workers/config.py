@@ -123,6 +123,9 @@ class ModelConfig:
     log_prob_chunk_tokens: int = 1024
     """Tokens per chunk when log-probs and entropy are computed from hidden states (the LM
     head applied chunk by chunk, never the full tokens x vocab logits); 0: full logits."""
+    freeze_vision_tower: bool = False
+    """A vision-language model: train the language model only (the vision tower's weights
+    stay as loaded; verl's freeze_vision_tower)."""
 
     def __post_init__(self) -> None:
         if self.log_prob_chunk_tokens < 0:

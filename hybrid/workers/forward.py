@@ -23,6 +23,7 @@ from hybrid.workers.micro_batches import fixed_micro_batches, token_budget_micro
 from hybrid.workers.packing import ModelInputs, packed_inputs, padded_inputs
 from hybrid.workers.routing import MoeRouting
 from hybrid.workers.sequence_parallel import SpGroup, scores_over_group
+from hybrid.workers.vision_inputs import VisionFamily, text_only_tower_pass, with_images
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class PassConfig:
     """The config field of max_tokens, for errors."""
     sp: SpGroup | None = None
     """Ulysses sequence parallelism: this rank scores its slice of each packed row."""
+    vision: VisionFamily | None = None
+    """A vision-language model: micro-batches carry their images (hybrid.workers.vision_inputs)."""
 
 
 def pass_config(
@@ -50,6 +53,7 @@ def pass_config(
     max_tokens: int,
     budget_field: str,
     sp: SpGroup | None = None,
+    vision: VisionFamily | None = None,
 ) -> PassConfig:
     """A rank's pass; under sequence parallelism a micro-batch's token budget is the sp
     group's (each rank holds 1 / sp of it)."""
@@ -61,6 +65,7 @@ def pass_config(
         max_tokens=budget if use_dynamic_bsz else None,
         budget_field=budget_field,
         sp=sp,
+        vision=vision,
     )
 
 
@@ -89,9 +94,10 @@ def score_micro_batch(
     """Log-probs (and entropy) of the micro-batch's responses; differentiable if grad is on
     (the entropy only with `entropy_grad`: the full-logits baseline keeps (n, vocab)
     probabilities alive for its backward otherwise)."""
-    inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
+    inputs = model_inputs(micro, config)
     if config.sp is None:
-        log_probs, entropy = _score(model, inputs, config, with_entropy, entropy_grad)
+        with text_only_tower_pass(config.vision, inputs):
+            log_probs, entropy = _score(model, inputs, config, with_entropy, entropy_grad)
     else:  # this rank's slice of the row; the scalars of every slice gathered
 
         def columns(part: ModelInputs) -> torch.Tensor:
@@ -105,6 +111,14 @@ def score_micro_batch(
         log_probs=inputs.scatter(log_probs),
         entropy=None if entropy is None else inputs.scatter(entropy),
     )
+
+
+def model_inputs(micro: Batch, config: PassConfig) -> ModelInputs:
+    """What the model reads for `micro`: packed or padded, with its images if any."""
+    inputs = packed_inputs(micro) if config.packed else padded_inputs(micro)
+    if config.vision is not None:
+        inputs = with_images(config.vision, inputs, micro, config.packed)
+    return inputs
 
 
 def _score(

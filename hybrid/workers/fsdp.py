@@ -36,10 +36,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForTokenClassification,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from hybrid.model_families import num_experts
+from hybrid.model_families import is_vision, num_experts
 from hybrid.models.state_dict import StateDictAdapter, adapter_for
 from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
@@ -49,8 +54,10 @@ from hybrid.workers.expert_parallel import parallelize_experts
 from hybrid.workers.lora import add_adapters, initial_adapter
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
-_EMBED_KEY = "model.embed_tokens.weight"
 _LM_HEAD_KEY = "lm_head.weight"
+VISION_ATTENTION = "sdpa"
+"""The vision tower's attention: bidirectional within each image, which it splits itself
+(the decoder's packed varlen kernel is causal and reads the text's sequence bounds)."""
 VALUE_HEAD_KEYS = frozenset({"score.weight", "score.bias"})
 """The value head of a critic (transformers' token-classification head with one label)."""
 VALUE_HEAD_SEED = 0
@@ -73,6 +80,7 @@ def build_fsdp_model(
     value_head: bool = False,
     expert_mesh: DeviceMesh | None = None,
     sp_size: int = 1,
+    freeze_vision_tower: bool = False,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
@@ -88,7 +96,9 @@ def build_fsdp_model(
     puts a mixture of experts' stacked experts on it, owned by ep ranks, instead of FSDP2
     sharding them over `mesh` (ignored for a dense model). `sp_size` > 1: the passes split
     sequences (hybrid.workers.sequence_parallel), so the attention is the varlen sdpa Ulysses
-    wraps. With `lora` enabled the result is a peft model (hybrid.workers.lora):
+    wraps. A vision-language checkpoint builds the image-text-to-text model, its vision
+    tower's blocks and the tower itself sharded as units of their own (frozen with
+    `freeze_vision_tower`). With `lora` enabled the result is a peft model (hybrid.workers.lora):
     the frozen base stored in `param_dtype`, only the adapters in `master_dtype` and trainable.
     Every rank of `mesh` must call this collectively.
     """
@@ -107,18 +117,32 @@ def build_fsdp_model(
     files = _safetensors_files(Path(model_path))
     config = AutoConfig.from_pretrained(model_path)
     with_lora = lora is not None and lora.enabled
-    model_class: Any = AutoModelForCausalLM
+    vision = is_vision(config)
+    model_class: Any = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     if value_head:
+        if vision:
+            raise ValueError(
+                f"a critic or reward model of the vision-language model at {model_path}: "
+                "value heads are built on text-only decoders here"
+            )
         model_class = AutoModelForTokenClassification
         config.num_labels = 1
         config.classifier_dropout = 0.0  # values regress returns: no dropout noise
-    kernels: dict[str, str] = {"attn_implementation": kernel}
+    kernels: dict[str, Any] = {"attn_implementation": kernel}
+    if vision:
+        kernels["attn_implementation"] = {
+            "": kernel,
+            "text_config": kernel,
+            "vision_config": VISION_ATTENTION,
+        }
     if num_experts(config):
         # One grouped GEMM per projection for all experts (torch has it on CPU too), not a
         # Python loop over the experts.
         kernels["experts_implementation"] = EXPERTS_KERNEL
     with torch.device("meta"):
         model = model_class.from_config(config, dtype=master_dtype, **kernels)
+    if freeze_vision_tower and vision:
+        vision_tower(model).requires_grad_(False)
     expert_params: set[nn.Parameter] | None = None
     if expert_mesh is not None and num_experts(config):
         expert_params = parallelize_experts(model, expert_mesh, param_dtype, world=mesh.size())
@@ -137,7 +161,7 @@ def build_fsdp_model(
         model = add_adapters(model, lora, base_dtype=param_dtype, adapter_dtype=master_dtype)
 
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for layer in hf_model.model.layers:
+    for layer in sharded_units(hf_model):
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy, ignored_params=expert_params)
     # By default FSDP2 keeps the root's parameters (embedding, final norm, LM head) unsharded
     # after forward, expecting a backward to follow; after a no_grad forward (log-probs, the
@@ -163,11 +187,43 @@ def build_fsdp_model(
         model,
         files,
         adapter_for(config),
+        embed_key=_parameter_name(hf_model, hf_model.get_input_embeddings().weight),
         tied=tied,
         lora_seed=0 if with_lora else None,
         value_head=value_head,
     )
     return model
+
+
+def vision_tower(model: nn.Module) -> nn.Module:
+    """A vision-language model's vision tower (`model.visual` in transformers 5's layout)."""
+    base = getattr(model, "model", model)
+    tower = getattr(base, "visual", None)
+    if tower is None:
+        raise ValueError(f"{type(model).__name__} has no vision tower (model.visual)")
+    return tower
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers wherever the family keeps them: `model.layers` (causal LMs),
+    `model.language_model.layers` (vision-language models)."""
+    base = model.model
+    return getattr(base, "language_model", base).layers
+
+
+def sharded_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards as units of their own before the root: each decoder layer,
+    and for a vision-language model each vision block and then the tower (its patch
+    embedding and merger)."""
+    units: list[nn.Module] = list(decoder_layers(model))
+    if getattr(model.model, "visual", None) is not None:
+        tower = vision_tower(model)
+        units += [*tower.blocks, tower]
+    return units
+
+
+def _parameter_name(model: nn.Module, param: nn.Parameter) -> str:
+    return next(name for name, p in model.named_parameters(remove_duplicate=False) if p is param)
 
 
 def build_optimizer(
@@ -265,12 +321,13 @@ def _init_rope_buffers(model: nn.Module, device: torch.device) -> None:
     for module in model.modules():
         if not hasattr(module, "inv_freq") or not hasattr(module, "rope_type"):
             continue
-        # As in the rotary module's __init__ (transformers 5, e.g. Qwen2RotaryEmbedding).
+        # As in the rotary module's __init__ (transformers 5, e.g. Qwen2RotaryEmbedding; a
+        # vision tower's axial rotary has its own `compute_axial_rope_parameters`).
         rotary: Any = module
-        init_fn = (
-            rotary.compute_default_rope_parameters
-            if rotary.rope_type == "default"
-            else ROPE_INIT_FUNCTIONS[rotary.rope_type]
+        init_fn = getattr(
+            rotary,
+            f"compute_{rotary.rope_type}_rope_parameters",
+            ROPE_INIT_FUNCTIONS.get(rotary.rope_type),
         )
         inv_freq, rotary.attention_scaling = init_fn(rotary.config)
         rotary.inv_freq = inv_freq.to(device)
@@ -285,11 +342,13 @@ def _load_weights(
     files: list[Path],
     adapter: StateDictAdapter,
     *,
+    embed_key: str,
     tied: bool,
     lora_seed: int | None = None,
     value_head: bool = False,
 ) -> None:
     """Rank 0 reads `files`; `set_model_state_dict` broadcasts them into every rank's shards.
+    `embed_key`: the input embedding's name (a tied head is loaded from it).
 
     `adapter` plans which checkpoint tensors build each of the module's (the identity for
     dense families). For a peft model the Hugging Face names are mapped to the model's, and the
@@ -336,7 +395,7 @@ def _load_weights(
             full_sd[names[key]] = tensor.to(state[names[key]].dtype)
         if alias_head:
             # The same tensor under the tied name: the head is loaded from the embedding.
-            full_sd[names[_LM_HEAD_KEY]] = full_sd[names[_EMBED_KEY]]
+            full_sd[names[_LM_HEAD_KEY]] = full_sd[names[hf_name(embed_key)]]
         if new_value_head:
             full_sd.update(initial_value_head(state, _initializer_range(model)))
         if adapters:

@@ -37,6 +37,11 @@ class ModelInputs:
     last ends (what varlen attention reads instead of re-deriving it from positions)."""
     max_seqlen: int = 0
     """Packed: the longest sequence's tokens."""
+    pixel_values: torch.Tensor | None = None
+    """A vision-language model's micro-batch with images: every image's patches, in row
+    order (hybrid.workers.vision_inputs); `position_ids` are then the family's mRoPE rows."""
+    image_grid_thw: torch.Tensor | None = None
+    """(images, 3): each image's (temporal, height, width) patch grid."""
 
     def model_kwargs(self) -> dict[str, Any]:
         """What the model is called with: ids, mask, positions, and for a packed row its
@@ -47,6 +52,8 @@ class ModelInputs:
             "position_ids": self.position_ids,
             "use_cache": False,
         }
+        if self.pixel_values is not None:
+            kwargs.update(pixel_values=self.pixel_values, image_grid_thw=self.image_grid_thw)
         if self.cu_seqlens is not None:
             kwargs.update(
                 cu_seq_lens_q=self.cu_seqlens,

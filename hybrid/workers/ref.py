@@ -9,6 +9,7 @@ from hybrid.memory.ledger import process_ledger
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.frozen import build_frozen_model
+from hybrid.workers.vision_inputs import vision_family
 
 
 class ReferenceWorker(Worker):
@@ -50,6 +51,7 @@ class ReferenceWorker(Worker):
             c.ref.log_prob_max_token_len_per_gpu,
             "ref.log_prob_max_token_len_per_gpu",
             sp=frozen.sp,
+            vision=vision_family(self.model, path),
         )
 
     def _components(self) -> dict[str, ByDevice]:

@@ -21,7 +21,7 @@ from hybrid.models import (
     vocab_size,
 )
 from hybrid.models.__main__ import main as models_cli
-from hybrid.models.config import MOE_ARCHITECTURES
+from hybrid.models.config import MOE_ARCHITECTURES, TEXT_ARCHITECTURES
 from hybrid.models.tiny import WEIGHTS_NAME, parameter_shapes
 
 pytestmark = pytest.mark.unit
@@ -180,7 +180,7 @@ def test_default_is_the_unchanged_qwen2(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", TEXT_ARCHITECTURES)
 def test_every_architecture_loads_in_transformers(
     architecture: Architecture, tied: bool, tiny_dir: Path, tmp_path: Path
 ) -> None:
@@ -270,8 +270,56 @@ def test_presets() -> None:
     assert bench.head_dim == 64
     assert 80e6 <= count_parameters(bench) <= 130e6  # counted on the meta device
     assert TinyModelConfig.preset("bench-100m", vocab="arithmetic").vocab == "arithmetic"
-    for architecture in set(ARCHITECTURES) - set(MOE_ARCHITECTURES):
+    for architecture in set(TEXT_ARCHITECTURES) - set(MOE_ARCHITECTURES):
         config = TinyModelConfig.preset("bench-100m", architecture=architecture)
         assert 80e6 <= count_parameters(config) <= 130e6, architecture
     with pytest.raises(ValueError, match="preset"):
         TinyModelConfig.preset("huge")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("vocab", ["text", "arithmetic"])
+def test_tiny_vl_loads_as_an_image_text_to_text_model(vocab: str, tmp_path: Path) -> None:
+    """The vision-language preset: transformers builds Qwen2-VL from it, the tokenizer holds
+    the vision tokens at the config's ids, and the saved PIL image processor turns a 56 x 56
+    image into a 4 x 4 patch grid (4 image tokens) whose features the model takes."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    from hybrid.models.tokenizer import IMAGE_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN
+
+    config = TinyModelConfig.preset("tiny-vl", vocab=vocab)  # type: ignore[arg-type]
+    model_dir = build_tiny_model(tmp_path / "vl", config, seed=0)
+    assert EXPECTED_FILES | {"preprocessor_config.json"} == {p.name for p in model_dir.iterdir()}
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, local_files_only=True).eval()
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    ids = tokenizer.convert_tokens_to_ids
+    assert model.config.image_token_id == ids(IMAGE_PAD_TOKEN)
+    assert model.config.vision_start_token_id == ids(VISION_START_TOKEN)
+    assert model.config.vision_end_token_id == ids(VISION_END_TOKEN)
+    assert len(tokenizer) == model.config.text_config.vocab_size == vocab_size(vocab, vision=True)  # type: ignore[arg-type]
+    sections = model.config.text_config.rope_parameters["mrope_section"]
+    assert sum(sections) == config.head_dim // 2
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    pixels = processor(images=[Image.new("RGB", (56, 56), "white")], return_tensors="pt")
+    assert pixels["image_grid_thw"].tolist() == [[1, 4, 4]]
+    pad = ids(IMAGE_PAD_TOKEN)
+    text = f"{VISION_START_TOKEN}{IMAGE_PAD_TOKEN * 4}{VISION_END_TOKEN}1"
+    input_ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    assert int((input_ids == pad).sum()) == 4
+    with torch.no_grad():
+        logits = model(
+            input_ids=input_ids,
+            pixel_values=pixels["pixel_values"],
+            image_grid_thw=pixels["image_grid_thw"],
+            mm_token_type_ids=(input_ids == pad).int(),
+        ).logits
+    assert logits.shape == (1, input_ids.shape[1], len(tokenizer))
+    assert torch.isfinite(logits).all()
+    assert count_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_tiny_vl_cli_takes_the_preset_family(tmp_path: Path) -> None:
+    models_cli(["--output-dir", str(tmp_path), "--preset", "tiny-vl", "--vocab", "arithmetic"])
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
