@@ -12,7 +12,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybrid.models import (
-    ARCHITECTURES,
     Architecture,
     TinyModelConfig,
     build_tiny_model,
