@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hybrid.data import Batch
+from hybrid.data.images import IMAGES_COLUMN, ImageSet, image_sets
 from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.rollout.agent.chat import ReplyRenderer
 from hybrid.rollout.agent.environment import Environments
@@ -34,11 +35,13 @@ from hybrid.rollout.agent.flight import AgentFlight
 from hybrid.rollout.base import GeneratedSample, RolloutEngine, prompt_budgets
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.group import RolloutGroup
+from hybrid.rollout.multimodal import check_no_placeholders
 from hybrid.rollout.scores import response_scores
 from hybrid.rollout.streaming import InFlight
 
-_PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid")
-"""Prompt columns a Sample holds in its own fields, not in its metadata."""
+_PROMPT_COLUMNS = ("input_ids", "attention_mask", "uid", IMAGES_COLUMN)
+"""Prompt columns a Sample holds in its own fields, not in its metadata (images never reach
+the rewards through it)."""
 
 IDLE_WAIT_S = 0.02
 """How long an agent loop with nothing in the engine waits for an environment reply before
@@ -69,6 +72,11 @@ def row_metadata(prompts: Batch, row: int) -> dict[str, Any]:
     return metadata
 
 
+def row_images(prompts: Batch) -> list[ImageSet | None]:
+    """Each prompt row's images (None everywhere for a text-only batch)."""
+    return image_sets(prompts.non_tensors.get(IMAGES_COLUMN), len(prompts))
+
+
 def build_samples(
     prompts: Batch,
     prompt_ids: list[list[int]],
@@ -77,13 +85,14 @@ def build_samples(
     version: int,
 ) -> list[Sample]:
     """n Samples per prompt row (prompt-major, as the engine returns them), every token
-    marked with `version`."""
+    marked with `version`, each with its prompt's images."""
     if len(generated) != n * len(prompts):
         raise ValueError(
             f"the engine returned {len(generated)} samples for {len(prompts)} prompts x {n}"
         )
     uids = prompt_uids(prompts)
     metadata = [row_metadata(prompts, row) for row in range(len(prompts))]
+    images = row_images(prompts)
     return [
         Sample(
             uid=uids[i // n],
@@ -96,6 +105,7 @@ def build_samples(
             text=g.text,
             metadata=dict(metadata[i // n]),
             routed_experts=g.routed_experts,
+            images=images[i // n],
         )
         for i, g in enumerate(generated)
     ]
@@ -161,16 +171,29 @@ class RolloutHost:
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
         seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
         budgets = prompt_budgets(prompts, self.config.response_length)
-        requests = list(zip(prompt_ids, seeds, budgets, strict=True))
+        requests = list(zip(prompt_ids, seeds, budgets, row_images(prompts), strict=True))
         shared, mine = self.group.gather(requests)
-        shared_seeds = [seed for _, seed, _ in shared]
+        shared_seeds = [seed for _, seed, _, _ in shared]
+        shared_images = [images for _, _, _, images in shared]
         generated = self.engine.generate(
-            [ids for ids, _, _ in shared],
+            [ids for ids, _, _, _ in shared],
             greedy=greedy,
             seeds=None if None in shared_seeds else shared_seeds,
-            max_tokens=[budget for _, _, budget in shared],
+            max_tokens=[budget for _, _, budget, _ in shared],
+            **({"images": shared_images} if any(shared_images) else {}),
         )[mine.start * n : mine.stop * n]
-        return build_samples(prompts, prompt_ids, generated, n, version)
+        samples = build_samples(prompts, prompt_ids, generated, n, version)
+        self._check_placeholders(samples)
+        return samples
+
+    def _check_placeholders(self, samples: list[Sample]) -> None:
+        """No response holds a token the engine must never sample (a vision placeholder)."""
+        banned = self.engine.banned_tokens
+        if banned:
+            for sample in samples:
+                check_no_placeholders(
+                    sample.response_ids, banned, f"sample {sample.uid}#{sample.index}"
+                )
 
     def _generate_trajectories(self, prompts: Batch, greedy: bool, version: int) -> list[Sample]:
         """`generate` for agent runs: every row's trajectories run to their end (the TP
@@ -242,9 +265,15 @@ class RolloutHost:
         `input_ids` (padding removed), under the weights it holds."""
         self.interrupt()
         sequences = unpad_prompts(batch.tensors["input_ids"], batch.tensors["attention_mask"])
-        shared, mine = self.group.gather(sequences)
-        # One positional argument: tests swap `score` for a base-model scorer of that shape.
-        scores = self.engine.score(shared)[mine]
+        images = row_images(batch)
+        if any(images):
+            shared_rows, mine = self.group.gather(list(zip(sequences, images, strict=True)))
+            shared = [ids for ids, _ in shared_rows]
+            scores = self.engine.score(shared, images=[i for _, i in shared_rows])[mine]
+        else:
+            shared, mine = self.group.gather(sequences)
+            # One positional argument: tests swap `score` for a base-model scorer of that shape.
+            scores = self.engine.score(shared)[mine]
         mask = batch.tensors["response_mask"]
         real = batch.tensors["attention_mask"][:, -mask.shape[1] :]
         return Batch.from_dict({"engine_log_probs": response_scores(scores, mask, real)})
@@ -258,8 +287,12 @@ class RolloutHost:
             share = prompts[list(range(self.group.dp_rank, len(prompts), self.group.dp_size))]
             prompt_ids = unpad_prompts(share.tensors["input_ids"], share.tensors["attention_mask"])
             budgets = prompt_budgets(share, self.config.response_length)
+            images = row_images(share)
             for row, (uid, ids) in enumerate(zip(prompt_uids(share), prompt_ids, strict=True)):
-                flight.add(uid, ids, row_metadata(share, row), budgets[row])
+                if isinstance(flight, AgentFlight):
+                    flight.add(uid, ids, row_metadata(share, row), budgets[row])
+                else:
+                    flight.add(uid, ids, row_metadata(share, row), budgets[row], images=images[row])
         if isinstance(flight, AgentFlight):
             done, generated = self._drive(flight, max_steps, version)
             return Streamed(groups=done, tokens=generated, pending_groups=flight.groups)
@@ -272,6 +305,7 @@ class RolloutHost:
                 tokens += len(new.token_ids)
                 group = flight.record(request_id, new, finished, version, self.decode)
                 if group is not None:
+                    self._check_placeholders(group)
                     groups.append(group)
             steps += 1
         return Streamed(groups=groups, tokens=tokens, pending_groups=flight.groups)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hybrid.data.images import ImageSet
 from hybrid.data.sample import Sample, SampleStatus
 from hybrid.rollout.base import Continuation, GeneratedSample
 
@@ -58,9 +59,10 @@ class InFlight:
         prompt_ids: list[int],
         metadata: dict[str, Any],
         budget: int | None = None,
+        images: ImageSet | None = None,
     ) -> None:
         """One prompt row: group_size pending samples, each of at most `budget` new tokens
-        (default: the response length)."""
+        (default: the response length), with the prompt's `images`."""
         budget = self.response_length if budget is None else budget
         if not 1 <= budget <= self.response_length:
             raise ValueError(
@@ -70,7 +72,7 @@ class InFlight:
             raise ValueError(f"prompt uid {uid!r} is already in flight")
         for index in range(self.group_size):
             self._pending[uid, index] = Sample(
-                uid=uid, index=index, prompt_ids=prompt_ids, metadata=dict(metadata)
+                uid=uid, index=index, prompt_ids=prompt_ids, metadata=dict(metadata), images=images
             )
             self._budgets[uid, index] = budget
 
@@ -86,9 +88,8 @@ class InFlight:
             request_id = f"{key[0]}#{key[1]}.{self._submitted}"
             self._live[request_id] = key
             remaining = self._budgets[key] - sample.response_length
-            out.append(
-                (request_id, Continuation(sample.prompt_ids + sample.response_ids, remaining))
-            )
+            ids = sample.prompt_ids + sample.response_ids
+            out.append((request_id, Continuation(ids, remaining, images=sample.images)))
         return out
 
     def interrupt(self) -> list[str]:

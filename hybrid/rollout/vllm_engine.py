@@ -377,6 +377,10 @@ class VllmEngine:
         blockers = direct_blockers(
             engine_layers(module), self._quantization, experts_rewritable=not self.on_cuda
         )
+        if self.vision.is_vision:
+            # vLLM renames a vision-language model's weights (language_model.model.*,
+            # visual.*) and lays out its patch embedding its own way: its loader knows both.
+            blockers.append("a vision-language model (vLLM's loader renames and reshapes it)")
         self._strategy = choose_strategy(requested, layout, can_repack(module), blockers)
         if requested == "auto" and blockers:
             logger.warning("sync.strategy=auto: reload, not direct: %s", summarize(blockers))
@@ -450,6 +454,9 @@ class VllmEngine:
         if self._layout == "packed":
             refresh_tied_lm_head(self._module)
         self.reset_prefix_cache()
+        if self.vision.is_vision:
+            # Cached image features came from the old vision tower.
+            self.llm.llm_engine.reset_encoder_cache()
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()

@@ -21,7 +21,7 @@ engine model itself, so every family vLLM implements this way maps without a tab
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,11 @@ class EngineNames:
         engine_params: Iterable[str],
         packed_modules: Mapping[str, list[str]],
         qkv_modules: set[str],
+        rename: Callable[[str], str] | None = None,
     ) -> None:
+        """`rename`: the engine model's own Hugging Face -> engine prefix renaming, where it
+        has one (vision-language models keep the decoder under `language_model.`)."""
+        self.rename = rename or (lambda name: name)
         self.by_canonical = {canonical_name(name): name for name in engine_params}
         self.fused = fused_shards(packed_modules, qkv_modules)
         self.num_parts = {fused: len(parts) for fused, parts in packed_modules.items()}
@@ -90,13 +94,24 @@ class EngineNames:
     @classmethod
     def of(cls, engine_model: torch.nn.Module) -> EngineNames:
         names = [name for name, _ in engine_model.named_parameters()]
-        packed = getattr(engine_model, "packed_modules_mapping", {})
-        return cls(names, packed, qkv_module_names(engine_model))
+        # A vision-language model's decoder declares its fused projections on its own module.
+        packed: dict[str, list[str]] = {}
+        for module in engine_model.modules():
+            packed.update(getattr(module, "packed_modules_mapping", None) or {})
+        mapper = getattr(engine_model, "hf_to_vllm_mapper", None)
+        rename = None
+        if mapper is not None and mapper.orig_to_new_prefix:
+
+            def rename(name: str) -> str:
+                mapped = mapper.apply_list([name])
+                return mapped[0] if mapped else name
+
+        return cls(names, packed, qkv_module_names(engine_model), rename)
 
     def locate(self, hf_name: str) -> Target | None:
         """The engine parameter for `hf_name`; None for a tied lm_head the engine does not
         hold apart (its embedding carries it). Raises KeyError naming both names otherwise."""
-        parts = hf_name.split(".")
+        parts = self.rename(hf_name).split(".")
         shard: ShardId = None
         for i, part in enumerate(parts):
             if part in self.fused:
@@ -106,8 +121,8 @@ class EngineNames:
         canonical = ".".join(parts)
         name = self.by_canonical.get(canonical)
         if name is None:
-            if hf_name == "lm_head.weight":
-                return None  # tied: the embedding already carries it
+            if hf_name == "lm_head.weight":  # tied: the embedding already carries it
+                return None
             raise KeyError(f"engine has no parameter for {hf_name!r} (looked for {canonical!r})")
         return Target(name, shard)
 

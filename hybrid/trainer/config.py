@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from hybrid.model_families import check_expert_count, check_family, num_experts
+from hybrid.model_families import check_expert_count, check_family, is_vision, num_experts
 from hybrid.rewards.judge import load_template
 from hybrid.rewards.outcome import OnError as OnRewardError
 from hybrid.rewards.overlong import OverlongBufferConfig
@@ -802,6 +802,8 @@ class TrainerRunConfig:
             check_moe_fields(self.actor, model_config, where)
             if self.actor.sp_size > 1:
                 check_sequence_parallel_model(model_config, self.actor.sp_size, where)
+            if is_vision(model_config):
+                self._check_vision_run(Path(self.model.path), where)
         if self.distill.teacher_path is not None:
             teacher = check_model_dir("distill.teacher_path", self.distill.teacher_path)
             if teacher is not None and num_experts(teacher) and self.actor.ep_size > 1:
@@ -818,6 +820,28 @@ class TrainerRunConfig:
             raise ValueError(f"reward.custom_path: {self.reward.custom_path} does not exist")
         if self.reward.judge.template_path is not None:  # its placeholders, before any worker
             load_template(self.reward.judge.template_path)
+
+    def _check_vision_run(self, model_dir: Path, where: str) -> None:
+        """What a vision-language model needs, and the features it does not run with yet,
+        each named before any worker starts."""
+        if not (model_dir / IMAGE_PROCESSOR_FILE).is_file():
+            raise ValueError(
+                f"{where} is a vision-language model without an image processor "
+                f"({IMAGE_PROCESSOR_FILE}): save the model's processor beside it"
+            )
+        refused = {
+            "rollout.engine=toy (text-only; use vllm)": self.rollout.engine == "toy",
+            f"actor.sp_size={self.actor.sp_size} (sequence parallelism)": self.actor.sp_size > 1,
+            "algorithm.adv_estimator=gae (a critic: value heads are text-only here)": (
+                self.use_critic
+            ),
+            "rollout.agent.enabled (agent turns carry no images yet)": self.rollout.agent.enabled,
+        }
+        named = [name for name, on in refused.items() if on]
+        if named:
+            raise ValueError(
+                f"{where} is a vision-language model, which does not run with: " + "; ".join(named)
+            )
 
     @property
     def rows_per_step(self) -> int:
@@ -922,6 +946,10 @@ def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: st
             f"{model_config.get('model_type')!r}, no experts), so there is no router to replay "
             "to replay, balance or place by expert"
         )
+
+
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
+"""A vision-language model directory's image processor settings."""
 
 
 def check_sequence_parallel_model(model_config: dict[str, Any], sp: int, where: str) -> None:
