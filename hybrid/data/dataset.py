@@ -4,13 +4,17 @@ The file layout is verl's, one row per prompt:
   - `prompt`: the chat, a non-empty list of {"role": str, "content": str} messages;
   - `data_source`: which task and reward function the row belongs to (str);
   - `reward_model`: a dict with `ground_truth` (str, number, dict or list) and optionally `style`;
-  - `extra_info`: a dict passed through to the reward function (optional).
+  - `extra_info`: a dict passed through to the reward function (optional);
+  - `images`: a vision-language row's images, one `<image>` placeholder each in the messages
+    (optional; hybrid/data/vision_prompts.py reads them).
 Files are parquet or jsonl, chosen by suffix. Every row is validated when loaded, and an error
 names the file, the row index and the field.
 
 `PromptDataset` applies the tokenizer's chat template once, up front, and drops prompts longer
 than `max_prompt_length` tokens. The drop is counted (`num_filtered`, `filtered_rows`) and
-logged in one warning, never silent. Batching and shuffling live in `hybrid/data/loader.py`.
+logged in one warning, never silent. A row with images is never dropped: its image spans
+cannot be cut, so a prompt too long with its image tokens is an error naming the row. Batching
+and shuffling live in `hybrid/data/loader.py`.
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from hybrid.data.images import IMAGES_COLUMN, ImageSet
+from hybrid.data.vision_prompts import collapse_pad_runs, count_placeholders, read_row_images
+
+if TYPE_CHECKING:
+    from hybrid.data.vision_prompts import VisionProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +128,8 @@ class PromptRow:
     """Content of the last user message (of the last message if no message is from the user)."""
     source: str
     """Where the row came from, as "file:row" (for error messages and logs)."""
+    images: ImageSet | None = None
+    """The images its token ids hold spans for, in order (None: a text-only prompt)."""
 
 
 @dataclass(frozen=True)
@@ -182,10 +194,15 @@ def _check_row(row: Mapping[str, Any], prompt_key: str, where: str) -> _Checked:
     )
 
 
-def _check_round_trip(tokenizer: Any, text: str, token_ids: list[int], where: str) -> None:
+def _check_round_trip(
+    tokenizer: Any, text: str, token_ids: list[int], where: str, collapse_pads: bool = False
+) -> None:
     """A small vocabulary can drop characters it has no token for (the arithmetic one does):
-    refuse the row rather than train on a prompt that silently lost them."""
+    refuse the row rather than train on a prompt that silently lost them. `collapse_pads`:
+    `text` holds one `<|image_pad|>` per image, the ids each image's expanded run."""
     decoded = tokenizer.decode(token_ids, skip_special_tokens=False)
+    if collapse_pads:
+        decoded = collapse_pad_runs(decoded)
     if decoded != text:
         lost = sorted(set(text) - set(decoded))
         raise ValueError(
@@ -213,9 +230,14 @@ class PromptDataset:
         max_prompt_length: int,
         prompt_key: str = "prompt",
         tools: list[dict[str, Any]] | None = None,
+        *,
+        processor: VisionProcessor | None = None,
+        max_images: int | None = None,
     ) -> None:
         """`tools`: OpenAI-style tool schemas the chat template lists in every prompt (an
-        agent run's tools; None: none)."""
+        agent run's tools; None: none). `processor`: a vision-language model's (rows may
+        then hold images; None: a text-only model, and a row with images is refused).
+        `max_images`: the most images one row may hold (rollout.max_images; None: no limit)."""
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         if tokenizer.pad_token_id is None:
@@ -224,6 +246,10 @@ class PromptDataset:
         if not self.paths:
             raise ValueError("PromptDataset needs at least one file, got an empty list")
         self.max_prompt_length = max_prompt_length
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.processor = processor
+        self.max_images = max_images
         self.pad_token_id: int = tokenizer.pad_token_id
         self.rows: list[PromptRow] = []
         self.filtered_rows: list[str] = []
@@ -232,12 +258,13 @@ class PromptDataset:
         for path in self.paths:
             for index, raw in enumerate(read_rows(path)):
                 num_read += 1
-                checked = _check_row(raw, prompt_key, f"{path}: row {index}")
-                text = tokenizer.apply_chat_template(
-                    checked.messages, tools=tools, add_generation_prompt=True, tokenize=False
-                )
-                token_ids = list(tokenizer.encode(text, add_special_tokens=False))
-                _check_round_trip(tokenizer, text, token_ids, f"{path}: row {index}")
+                where = f"{path}: row {index}"
+                checked = _check_row(raw, prompt_key, where)
+                images = read_row_images(raw.get(IMAGES_COLUMN), path, index)
+                if images:
+                    token_ids = self._image_prompt_ids(checked.messages, images, where)
+                else:
+                    token_ids = self._text_prompt_ids(checked.messages, where)
                 source = f"{path}:{index}"
                 if len(token_ids) > max_prompt_length:
                     self.filtered_rows.append(source)
@@ -250,6 +277,7 @@ class PromptDataset:
                         extra_info=checked.extra_info,
                         raw_prompt=_raw_prompt(checked.messages),
                         source=source,
+                        images=images or None,
                     )
                 )
         if self.filtered_rows:
@@ -260,10 +288,68 @@ class PromptDataset:
                 max_prompt_length,
                 ", ".join(self.filtered_rows[:NUM_LOGGED_ROWS]),
             )
+        self.has_images = any(row.images is not None for row in self.rows)
+        """Whether any row holds images (the loader's batches then carry an images column)."""
         if not self.rows:
             raise ValueError(
                 f"no prompts left in {[str(p) for p in self.paths]}: {num_read} read, "
                 f"{self.num_filtered} longer than max_prompt_length={max_prompt_length}"
+            )
+
+    def _text_prompt_ids(self, messages: list[dict[str, str]], where: str) -> list[int]:
+        if self.processor is not None:
+            self._check_images(messages, ImageSet(()), where)
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, add_generation_prompt=True, tokenize=False
+        )
+        token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        _check_round_trip(self.tokenizer, text, token_ids, where)
+        return token_ids
+
+    def _image_prompt_ids(
+        self, messages: list[dict[str, str]], images: ImageSet, where: str
+    ) -> list[int]:
+        """The expanded ids of a row with images; one too long for max_prompt_length is an
+        error (its image spans cannot be cut), never a silent drop."""
+        processor = self.processor
+        if processor is None:
+            raise ValueError(
+                f"{where}: the row has {len(images)} image(s) in field {IMAGES_COLUMN!r} but "
+                "the model (actor_rollout_ref.model.path) is text-only: the model has no image "
+                "processor (preprocessor_config.json); use a vision-language model or drop the "
+                "images"
+            )
+        self._check_images(messages, images, where)
+        token_ids = processor.prompt_ids(messages, images.decode(), self.tools)
+        _check_round_trip(
+            self.tokenizer,
+            processor.template_text(messages, self.tools),
+            token_ids,
+            where,
+            collapse_pads=True,
+        )
+        if len(token_ids) > self.max_prompt_length:
+            num_image_tokens = token_ids.count(processor.image_pad_id)
+            raise ValueError(
+                f"{where}: the prompt is {len(token_ids)} tokens, {num_image_tokens} of them "
+                f"image tokens of {len(images)} image(s), longer than "
+                f"data.max_prompt_length={self.max_prompt_length}; an image span is never cut, "
+                "so raise data.max_prompt_length or lower the image processor's pixel budget "
+                "(max_pixels / size.longest_edge in the model's preprocessor_config.json)"
+            )
+        return token_ids
+
+    def _check_images(self, messages: list[dict[str, str]], images: ImageSet, where: str) -> None:
+        num_placeholders = count_placeholders(messages)
+        if num_placeholders != len(images):
+            raise ValueError(
+                f"{where}: the messages hold {num_placeholders} <image> placeholder(s) but field "
+                f"{IMAGES_COLUMN!r} holds {len(images)} image(s); each image needs exactly one "
+                "placeholder, in order"
+            )
+        if self.max_images is not None and len(images) > self.max_images:
+            raise ValueError(
+                f"{where}: {len(images)} images, more than rollout.max_images={self.max_images}"
             )
 
     @property

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 IMAGES_COLUMN = "images"
@@ -54,7 +55,7 @@ def encode_png(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def image_sets(column: Sequence[Any] | None, rows: int) -> list[ImageSet | None]:
+def image_sets(column: Sequence[Any] | np.ndarray | None, rows: int) -> list[ImageSet | None]:
     """A Batch's `images` column as one entry per row (None: the column is absent)."""
     if column is None:
         return [None] * rows

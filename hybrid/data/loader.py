@@ -8,7 +8,8 @@ with `load_state_dict` continues exactly where the saved loader was.
 Output Batch (b = batch_size, p = dataset.max_prompt_length):
   tensors: input_ids (b, p) left-padded with the pad id, attention_mask (b, p);
   non-tensors: uid ("epoch-index", unique per row and epoch), data_source, ground_truth (str),
-  extra_info (dict), raw_prompt (the user message text).
+  extra_info (dict), raw_prompt (the user message text); and, only when some row of the dataset
+  has images, images (an `ImageSet` per row, empty for a text-only row).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from hybrid.data.batch import Batch
 from hybrid.data.dataset import PromptDataset
+from hybrid.data.images import IMAGES_COLUMN, ImageSet
 from hybrid.data.prompts import left_pad
 
 
@@ -99,16 +101,16 @@ class PromptLoader:
             self.dataset.max_prompt_length,
             self.dataset.pad_token_id,
         )
-        return Batch.from_dict(
-            padded.tensors,
-            {
-                "uid": uids,
-                "data_source": [row.data_source for row in rows],
-                "ground_truth": [row.ground_truth for row in rows],
-                "extra_info": [dict(row.extra_info) for row in rows],
-                "raw_prompt": [row.raw_prompt for row in rows],
-            },
-        )
+        non_tensors: dict[str, list[Any]] = {
+            "uid": uids,
+            "data_source": [row.data_source for row in rows],
+            "ground_truth": [row.ground_truth for row in rows],
+            "extra_info": [dict(row.extra_info) for row in rows],
+            "raw_prompt": [row.raw_prompt for row in rows],
+        }
+        if self.dataset.has_images:
+            non_tensors[IMAGES_COLUMN] = [row.images or ImageSet(()) for row in rows]
+        return Batch.from_dict(padded.tensors, non_tensors)
 
     def state_dict(self) -> dict[str, int]:
         """The position: epoch, offset within it, the seed and the dataset size it was taken on."""

@@ -167,7 +167,12 @@ def _vision_config(config: TinyModelConfig, common: dict[str, Any]) -> Pretraine
     height and width sections of half the head) behind a vision tower whose merger writes
     the decoder's width; the vision token ids are the tokenizer's."""
     vocabulary = build_tokenizer(config.vocab, config.max_position_embeddings, vision=True)
-    ids = vocabulary.convert_tokens_to_ids
+
+    def ids(token: str) -> int:
+        found = vocabulary.convert_tokens_to_ids(token)
+        assert isinstance(found, int), token
+        return found
+
     # Qwen2-VL's split of the rotary half: 1/4 temporal, 3/8 height, 3/8 width.
     half = config.head_dim // 2
     section = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
@@ -180,7 +185,8 @@ def _vision_config(config: TinyModelConfig, common: dict[str, Any]) -> Pretraine
     }
     text["max_window_layers"] = config.num_hidden_layers
     text["use_sliding_window"] = False
-    return Qwen2VLConfig(
+    vl_config: Any = Qwen2VLConfig  # its typed signature lacks the token ids it takes
+    return vl_config(
         architectures=["Qwen2VLForConditionalGeneration"],
         text_config=text,
         vision_config=dict(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hybrid.rewards import arithmetic, code, countdown, gsm8k, math_reward
+from hybrid.rewards import arithmetic, code, countdown, digits, gsm8k, math_reward
 from hybrid.userfiles import import_python_file
 
 RewardFn = Callable[[str, str, Any, dict[str, Any] | None], float | dict[str, Any]]
@@ -26,6 +26,7 @@ BUILTIN_REWARDS: Mapping[str, Callable[..., float | dict[str, Any]]] = {
     "countdown": countdown.compute_score,
     "arithmetic": arithmetic.compute_score,
     "code": code.compute_score,
+    "digits_vl": digits.compute_score,
 }
 """data_source -> the built-in scorer, called as fn(solution_str, ground_truth); `code` also
 takes the row's extra_info (its per-row sandbox limits)."""

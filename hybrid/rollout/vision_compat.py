@@ -84,8 +84,7 @@ def _build_processors_without_videos() -> None:
         self.video_processor = ImagesOnlyVideoProcessor()
 
     # The parts transformers loads and checks: the processor's own list, less the video one.
-    Qwen2VLProcessor.get_attributes = classmethod(  # type: ignore[method-assign]
-        lambda cls: ["image_processor", "tokenizer"]
-    )
-    Qwen2VLProcessor.__init__ = images_only_init  # type: ignore[method-assign]
-    Qwen2VLProcessor._hybrid_images_only = True  # type: ignore[attr-defined]
+    processor: Any = Qwen2VLProcessor
+    processor.get_attributes = classmethod(lambda cls: ["image_processor", "tokenizer"])
+    processor.__init__ = images_only_init
+    processor._hybrid_images_only = True

@@ -25,6 +25,7 @@ import torch
 
 from hybrid.algorithms.kl_control import KLController, make_kl_controller
 from hybrid.data import PromptDataset, PromptLoader
+from hybrid.data.vision_prompts import load_vision_processor
 from hybrid.models import load_tokenizer
 from hybrid.rewards.manager import RewardManager, default_pool_size
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
@@ -136,14 +137,32 @@ class Driver:
         tools = (self.agent.schemas or None) if self.agent is not None else None
         max_prompt = c.data.max_prompt_length
         # Read and tokenized before any worker starts: a bad row costs no start-up. An SFT-only
-        # run (trainer.total_steps=0) reads no RL prompts.
+        # run (trainer.total_steps=0) reads no RL prompts. A vision-language model's rows go
+        # through its processor (images counted in the prompt's length).
         self.sft = SftStage(c) if c.sft.enabled else None
         rl = c.trainer.total_steps > 0
+        processor, max_images = load_vision_processor(c.model.path), c.rollout.max_images
         self.train_data = (
-            PromptDataset(c.data.train_files, tokenizer, max_prompt, tools=tools) if rl else None
+            PromptDataset(
+                c.data.train_files,
+                tokenizer,
+                max_prompt,
+                tools=tools,
+                processor=processor,
+                max_images=max_images,
+            )
+            if rl
+            else None
         )
         self.val_data = (
-            PromptDataset(c.data.val_files, tokenizer, max_prompt, tools=tools)
+            PromptDataset(
+                c.data.val_files,
+                tokenizer,
+                max_prompt,
+                tools=tools,
+                processor=processor,
+                max_images=max_images,
+            )
             if c.data.val_files and rl
             else None
         )

@@ -207,8 +207,9 @@ def vision_tower(model: nn.Module) -> nn.Module:
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers wherever the family keeps them: `model.layers` (causal LMs),
     `model.language_model.layers` (vision-language models)."""
-    base = model.model
-    return getattr(base, "language_model", base).layers
+    base: Any = model.model
+    layers: nn.ModuleList = getattr(base, "language_model", base).layers
+    return layers
 
 
 def sharded_units(model: nn.Module) -> list[nn.Module]:
@@ -217,7 +218,7 @@ def sharded_units(model: nn.Module) -> list[nn.Module]:
     embedding and merger)."""
     units: list[nn.Module] = list(decoder_layers(model))
     if getattr(model.model, "visual", None) is not None:
-        tower = vision_tower(model)
+        tower: Any = vision_tower(model)
         units += [*tower.blocks, tower]
     return units
 
@@ -324,7 +325,7 @@ def _init_rope_buffers(model: nn.Module, device: torch.device) -> None:
         # As in the rotary module's __init__ (transformers 5, e.g. Qwen2RotaryEmbedding; a
         # vision tower's axial rotary has its own `compute_axial_rope_parameters`).
         rotary: Any = module
-        init_fn = getattr(
+        init_fn: Any = getattr(
             rotary,
             f"compute_{rotary.rope_type}_rope_parameters",
             ROPE_INIT_FUNCTIONS.get(rotary.rope_type),

@@ -129,7 +129,7 @@ def text_only_tower_pass(family: VisionFamily | None, inputs: ModelInputs) -> It
 
     def join(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor:
         grid = torch.tensor([BLANK_GRID], device=output.device)
-        patch = tower.patch_embed
+        patch: Any = tower.patch_embed
         width = patch.in_channels * patch.temporal_patch_size * patch.patch_size**2
         blank = torch.zeros(int(grid.prod()), width, device=output.device, dtype=output.dtype)
         features = tower(blank, grid_thw=grid).pooler_output
