@@ -1,4 +1,4 @@
-"""Digit-reading reward: the vision-language demo task (examples/data/digits_vl.py).
+"""Digit-reading reward: the vision-language demo task (hybrid/data/digits_task.py).
 
 1.0 iff the response, stripped of whitespace and chat end tokens, is exactly the gold digit:
 "7" and "7<|im_end|>" score 1.0; "77", "7+0" and "" score 0.0. Exact match, so a model cannot

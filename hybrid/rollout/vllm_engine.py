@@ -51,6 +51,7 @@ from hybrid.rollout.vllm_compat import (
     refresh_tied_lm_head,
     remove_shm_segment,
     request_amx_tiles,
+    restore_image_normalisation,
 )
 from hybrid.rollout.vllm_loader import EngineNames, is_expert_tensor, load_direct
 from hybrid.rollout.weights import (
@@ -139,6 +140,8 @@ class VllmEngine:
                     f"{model_path} ({error}); use sync.lora_mode=merge"
                 ) from error
             raise
+        if self.vision.is_vision and config.load_format == "dummy":
+            restore_image_normalisation(self._module, self.llm.llm_engine.model_config)
         self._shm_segment = None if self.on_cuda else cpu_shm_segment()
         # What is allocated on the device: sleep mode moves the weights to the host and drops
         # the KV cache; on CPU nothing ever leaves.

@@ -13,7 +13,9 @@ outputs/demo/data/sft.parquet (`write_arithmetic_sft`), built the same way when 
 sft.train_files name exactly that file. The agent demo (configs/agent_demo.yaml) reads
 outputs/agent_demo/: the tiny model in the "agent" vocabulary and the vault task (hybrid/data/agent_task.py), built
 the same way; the mixture-of-experts demo (configs/moe_demo.yaml) outputs/moe_demo/: the
-tiny-moe preset (a Qwen3-MoE) and the arithmetic task. Relative paths are taken from the working directory, as the run
+tiny-moe preset (a Qwen3-MoE) and the arithmetic task; the vision-language demo
+(configs/vlm_demo.yaml) outputs/vlm_demo/: the tiny-vl preset (a Qwen2-VL) and the digit-reading
+task (hybrid/data/digits_task.py). Relative paths are taken from the working directory, as the run
 itself reads them. A run with any other model or data path is the user's: nothing is built,
 and a missing path is reported by `TrainerRunConfig.check_paths`, naming its field. Each asset
 is built under a temporary name and moved into place, so an interrupted build leaves nothing
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from hybrid.data.agent_task import write_agent_task
 from hybrid.data.arithmetic_task import write_arithmetic_sft, write_arithmetic_task
+from hybrid.data.digits_task import write_digits_vl
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.config import PresetName
 from hybrid.models.tokenizer import VocabName
@@ -77,6 +80,13 @@ DEMOS = (
         "arithmetic",
         write_arithmetic_task,
         preset="tiny-moe",
+    ),
+    Demo(
+        "outputs/vlm_demo/model",
+        "outputs/vlm_demo/data",
+        "arithmetic",
+        write_digits_vl,
+        preset="tiny-vl",
     ),
 )
 

