@@ -23,8 +23,6 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
     GenerationConfig,
     LlamaConfig,
     MistralConfig,
@@ -36,6 +34,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLImageProcessorPil
 
+from hybrid.models.classes import auto_model_class
 from hybrid.models.config import IMAGE_MIN_PIXELS, TinyModelConfig
 from hybrid.models.state_dict import adapter_for
 from hybrid.models.tokenizer import (
@@ -213,14 +212,6 @@ def _vision_config(config: TinyModelConfig, common: dict[str, Any]) -> Pretraine
     )
 
 
-def model_class(model_config: PretrainedConfig) -> Any:
-    """The auto class that builds `model_config`: image-text-to-text for a vision-language
-    family (the causal-LM class has no entry for them), else the causal LM."""
-    if getattr(model_config, "vision_config", None) is not None:
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
-
-
 def parameter_shapes(config: TinyModelConfig) -> dict[str, torch.Size]:
     """HF parameter names and shapes, in module order, tied weights listed once.
 
@@ -228,7 +219,7 @@ def parameter_shapes(config: TinyModelConfig) -> dict[str, torch.Size]:
     """
     model_config = hf_config(config)
     with torch.device("meta"):
-        model = model_class(model_config).from_config(model_config)
+        model = auto_model_class(model_config).from_config(model_config)
     return {name: param.shape for name, param in model.named_parameters()}
 
 

@@ -27,6 +27,8 @@ _COPIED = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "preprocessor_config.json",  # a vision-language model's image processor
+    "chat_template.jinja",
 )
 
 

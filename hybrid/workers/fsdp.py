@@ -36,15 +36,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
-    AutoModelForTokenClassification,
-)
+from transformers import AutoConfig, AutoModelForTokenClassification
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hybrid.model_families import is_vision, num_experts
+from hybrid.models.classes import auto_model_class
 from hybrid.models.state_dict import StateDictAdapter, adapter_for
 from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
@@ -118,7 +114,7 @@ def build_fsdp_model(
     config = AutoConfig.from_pretrained(model_path)
     with_lora = lora is not None and lora.enabled
     vision = is_vision(config)
-    model_class: Any = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model_class: Any = auto_model_class(config)
     if value_head:
         if vision:
             raise ValueError(

@@ -88,13 +88,14 @@ def check_lora_setup(
     engine that cannot serve LoRA for this architecture."""
     if not lora.enabled:
         return
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from hybrid.models.classes import auto_model_class
     from hybrid.rollout.engines import engine_class
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto_model_class(config).from_config(config)
     target_modules(model, lora)
     if adapts_experts(model, lora):
         if lora_mode == "adapter":
