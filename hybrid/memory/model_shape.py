@@ -69,12 +69,32 @@ QWEN3_MOE_PRESETS: dict[str, dict[str, Any]] = {
                           norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False,
                           max_position_embeddings=40960),
 }  # fmt: skip
-TINY_PRESETS = ("tiny", "tiny-moe", "bench-100m")
+# Qwen2_5_VLConfig kwargs of the released vision-language models (their config.json files).
+QWEN25_VL_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen2.5-VL-7B": dict(
+        text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                         max_position_embeddings=128000,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                          "mrope_section": [16, 24, 24]}),
+        vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                           out_hidden_size=3584, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, window_size=112,
+                           fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2),
+        tie_word_embeddings=False),
+}  # fmt: skip
+TINY_PRESETS = ("tiny", "tiny-moe", "tiny-vl", "bench-100m")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def known_presets() -> tuple[str, ...]:
-    return (*QWEN25_PRESETS, *QWEN3_PRESETS, *QWEN3_MOE_PRESETS, *TINY_PRESETS)
+    return (
+        *QWEN25_PRESETS,
+        *QWEN3_PRESETS,
+        *QWEN3_MOE_PRESETS,
+        *QWEN25_VL_PRESETS,
+        *TINY_PRESETS,
+    )
 
 
 @dataclass(frozen=True)
@@ -237,12 +257,17 @@ class ModelShape:
         return (6 * self.hidden_size + 6 * self.intermediate_size // tp) * 2
 
 
+LAYER_LISTS = ("layers", "blocks")
+"""Module lists whose items FSDP2 shards as units: decoder layers, a vision tower's blocks."""
+
+
 def layer_key(name: str) -> str:
-    """`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`; other names stand alone
-    (the grouping of hybrid.sharding.gather's `layer` mode)."""
+    """`model.layers.3.mlp.up_proj.weight` -> `model.layers.3` (`model.visual.blocks.0.*` ->
+    `model.visual.blocks.0`); other names stand alone (the grouping of
+    hybrid.sharding.gather's `layer` mode)."""
     parts = name.split(".")
     for i, part in enumerate(parts[:-1]):
-        if part == "layers" and parts[i + 1].isdigit():
+        if part in LAYER_LISTS and parts[i + 1].isdigit():
             return ".".join(parts[: i + 2])
     return name
 
@@ -286,7 +311,7 @@ def _cached_shape(path_or_preset: str) -> ModelShape:
 
 
 def _hf_config(path_or_preset: str) -> Any:
-    from transformers import AutoConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+    from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if path_or_preset in QWEN25_PRESETS:
         return Qwen2Config(
@@ -296,6 +321,8 @@ def _hf_config(path_or_preset: str) -> Any:
         return Qwen3Config(**QWEN3_PRESETS[path_or_preset])
     if path_or_preset in QWEN3_MOE_PRESETS:
         return Qwen3MoeConfig(**QWEN3_MOE_PRESETS[path_or_preset])
+    if path_or_preset in QWEN25_VL_PRESETS:
+        return Qwen2_5_VLConfig(**QWEN25_VL_PRESETS[path_or_preset])
     if path_or_preset in TINY_PRESETS:
         from hybrid.models import TinyModelConfig, hf_config
 
@@ -312,12 +339,16 @@ def _hf_config(path_or_preset: str) -> Any:
 
 
 def shape_from_config(name: str, config: Any) -> ModelShape:
-    """Build the model on the meta device (no memory) and read its parameter shapes."""
+    """Build the model on the meta device (no memory) and read its parameter shapes. A
+    vision-language model's sizes are its language model's; its vision tower's parameters
+    are among `params` (sharded and gathered with the rest)."""
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from hybrid.models.classes import auto_model_class
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto_model_class(config).from_config(config)
+    config = config.get_text_config()
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     experts = num_experts(config)

@@ -23,6 +23,7 @@ BUILTIN_REWARDS: Mapping[str, Callable[..., float | dict[str, Any]]] = {
     "math": math_reward.compute_score,
     "lighteval/MATH": math_reward.compute_score,
     "DigitalLearningGmbH/MATH-lighteval": math_reward.compute_score,
+    "hiyouga/geometry3k": math_reward.compute_score,
     "countdown": countdown.compute_score,
     "arithmetic": arithmetic.compute_score,
     "code": code.compute_score,

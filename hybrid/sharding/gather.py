@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
+from hybrid.memory.model_shape import layer_key
 from hybrid.torch_compat import all_gather_single
 
 Granularity = Literal["full", "tensor", "layer", "bucket"]
@@ -50,7 +51,7 @@ def group_parameters(
     if granularity == "layer":
         layers: dict[str, list[NamedParam]] = {}
         for name, param in named_params:
-            layers.setdefault(_layer_key(name), []).append((name, param))
+            layers.setdefault(layer_key(name), []).append((name, param))
         # Small layers travel together up to a bucket: on the host every group costs a
         # collective round trip, whatever its size. A layer is never split.
         return _fill_buckets(list(layers.values()), bucket_bytes, dtype)
@@ -73,15 +74,6 @@ def _fill_buckets(
         buckets[-1].extend(unit)
         size += nbytes
     return buckets if buckets[-1] else []
-
-
-def _layer_key(name: str) -> str:
-    """`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`; other names stand alone."""
-    parts = name.split(".")
-    for i, part in enumerate(parts[:-1]):
-        if part == "layers" and parts[i + 1].isdigit():
-            return ".".join(parts[: i + 2])
-    return name
 
 
 def gather_full(group: list[NamedParam], dtype: torch.dtype) -> list[NamedParam]:
