@@ -37,6 +37,7 @@ class ScriptedEngine:
     dtype: Dtype = "float32"
     kv_cache_bytes = 0
     weights_kept_on_host = False
+    banned_tokens: frozenset[int] = frozenset()
 
     def __init__(self, n: int) -> None:
         self.n = n

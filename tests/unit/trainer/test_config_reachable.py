@@ -29,7 +29,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 CONFIG_DIR = REPO_ROOT / "configs"
-DEMOS = ("config", "agent_demo", "sft_grpo_demo", "moe_demo")  # they name their model (built on first use)
+DEMOS = ("config", "agent_demo", "sft_grpo_demo", "moe_demo", "vlm_demo")  # they name their model (built on first use)
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in DEMOS)
 # Overrides that are only valid together with others (the rest take a generic new value).
 COMPANIONS: dict[str, tuple[str, ...]] = {
