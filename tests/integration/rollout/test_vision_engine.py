@@ -22,7 +22,10 @@ import pytest
 from hybrid.models import TinyModelConfig, build_tiny_model
 from tests.integration.rollout.engine_child import engine_child_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# `full`: by default the VLM's engine path runs in trainer/test_vlm_grpo.py (the engine's
+# log-probs against the actor's after every sync, from a dummy start) and the pieces here in
+# tests/unit/rollout/test_multimodal.py.
+pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(300)]
 
 SYNCS = 10
 LOGPROB_ATOL = 1e-3  # fp32 engine against fp32 transformers
