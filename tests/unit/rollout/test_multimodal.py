@@ -55,5 +55,5 @@ def test_a_vlm_engine_takes_images_only_up_to_max_images() -> None:
     kwargs = engine_kwargs(config, site, dtype="bfloat16", lora_rank=0, vision=True)
     assert kwargs["limit_mm_per_prompt"] == {"image": 2, "video": 0}
     assert "limit_mm_per_prompt" not in engine_kwargs(config, site, dtype="bfloat16", lora_rank=0)
-    with pytest.raises(ValueError, match="rollout.max_images"):
+    with pytest.raises(ValueError, match=r"rollout\.max_images"):
         RolloutConfig(max_images=0)
