@@ -52,7 +52,7 @@ class ScoringHead(nn.Module):
         return torch.stack([log_probs, entropy], dim=-1)
 
 
-def _causal_lm(model: nn.Module) -> nn.Module:
+def unwrapped_model(model: nn.Module) -> nn.Module:
     """The transformers model under a peft wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
@@ -67,7 +67,7 @@ def scoring_head(
     with_entropy: bool,
 ) -> Iterator[None]:
     """Within the block, `model(...).logits` is (n, 2): log-prob and entropy per scored token."""
-    causal_lm = _causal_lm(model)
+    causal_lm = unwrapped_model(model)
     head = causal_lm.get_output_embeddings()  # type: ignore[operator]
     if not isinstance(head, nn.Linear):
         raise TypeError(f"expected a Linear LM head, got {type(head).__name__}")

@@ -26,6 +26,7 @@ from torch import nn
 
 from hybrid.data import Batch
 from hybrid.data.images import IMAGES_COLUMN, ImageSet
+from hybrid.workers.log_prob_head import unwrapped_model
 from hybrid.workers.packing import ModelInputs
 
 IMAGE_TOKEN_TYPE = 1
@@ -54,7 +55,7 @@ def vision_family(model: nn.Module, model_path: str) -> VisionFamily | None:
 
     from hybrid.workers.fsdp import vision_tower
 
-    base = _hf_model(model)
+    base: Any = unwrapped_model(model)
     if getattr(base.config, "vision_config", None) is None:
         return None
     return VisionFamily(
@@ -64,12 +65,6 @@ def vision_family(model: nn.Module, model_path: str) -> VisionFamily | None:
         tower=vision_tower(base),
         embedding=base.get_input_embeddings(),
     )
-
-
-def _hf_model(model: nn.Module) -> Any:
-    """The transformers model under a peft wrapper."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if get_base is not None else model
 
 
 def pixel_inputs(
