@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from hybrid.memory.model_shape import layer_key
 from hybrid.sharding.gather import (
-    _layer_key,
     gather_full,
     group_parameters,
     iter_full_parameters,
@@ -131,10 +131,13 @@ def test_invalid_granularity_names_the_config_field() -> None:
         ("model.layers.weight", "model.layers.weight"),  # no index after "layers"
         ("model.layers.x.weight", "model.layers.x.weight"),
         ("vision.layers.2.blocks.layers.5.w", "vision.layers.2"),  # the first match wins
+        ("model.language_model.layers.1.mlp.down_proj.weight", "model.language_model.layers.1"),
+        ("model.visual.blocks.0.attn.qkv.weight", "model.visual.blocks.0"),  # a vision block
+        ("model.visual.merger.mlp.0.weight", "model.visual.merger.mlp.0.weight"),
     ],
 )
 def test_layer_key(name: str, key: str) -> None:
-    assert _layer_key(name) == key
+    assert layer_key(name) == key
 
 
 # ---- the plain-tensor path (no process group) --------------------------------------------------
