@@ -315,7 +315,7 @@ class PromptDataset:
         if processor is None:
             raise ValueError(
                 f"{where}: the row has {len(images)} image(s) in field {IMAGES_COLUMN!r} but "
-                "the model (actor_rollout_ref.model.path) is text-only: the model has no image "
+                "the model (model.path) is text-only: the model has no image "
                 "processor (preprocessor_config.json); use a vision-language model or drop the "
                 "images"
             )

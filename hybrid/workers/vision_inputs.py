@@ -72,11 +72,18 @@ def pixel_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(pixel_values, image_grid_thw) of every image of `rows`, in row order; None if none
     of them holds an image."""
-    images = [image for row in rows if row for image in row.decode()]
-    if not images:
+    image_rows = [row for row in rows if row]
+    if not image_rows:
         return None
-    out = family.image_processor(images=images, return_tensors="pt")
-    return out["pixel_values"], out["image_grid_thw"]
+    # A group's n samples share their prompt's images: each distinct set is processed once.
+    processed: dict[ImageSet, tuple[torch.Tensor, torch.Tensor]] = {}
+    for row in image_rows:
+        if row not in processed:
+            out = family.image_processor(images=row.decode(), return_tensors="pt")
+            processed[row] = (out["pixel_values"], out["image_grid_thw"])
+    pixels = torch.cat([processed[row][0] for row in image_rows])
+    grids = torch.cat([processed[row][1] for row in image_rows])
+    return pixels, grids
 
 
 def with_images(

@@ -163,7 +163,7 @@ def test_images_for_a_text_model_are_refused(processor: VisionProcessor, tmp_pat
     path = write_rows([row()], tmp_path / "text.parquet")
     with pytest.raises(
         ValueError,
-        match=r"text\.parquet: row 0: .*actor_rollout_ref\.model\.path.*no image processor",
+        match=r"text\.parquet: row 0: .*model\.path.*no image processor",
     ):
         dataset(path, None, tokenizer=processor.tokenizer)
 
