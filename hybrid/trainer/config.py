@@ -395,6 +395,13 @@ class TrainerConfig:
     """Validate every N steps (0: never during training)."""
     val_before_train: bool = False
     """Validate once before the first step."""
+    val_n: int = 1
+    """Samples per validation prompt: metrics per data source report mean@n, best@n, maj@n
+    and pass@k over them (docs/evaluation.md); 1 with val_temperature 0 is greedy."""
+    val_temperature: float = 0.0
+    """Validation's sampling temperature (0: greedy, which needs val_n=1)."""
+    val_top_p: float = 1.0
+    """Validation's nucleus sampling mass."""
     resume: Literal["auto", "disable"] = "auto"
     """auto: continue from the latest complete checkpoint in output_dir."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
@@ -436,6 +443,17 @@ class TrainerConfig:
                 "trainer",
                 num_explorer_workers=self.num_explorer_workers,
                 num_trainer_workers=self.num_trainer_workers,
+            )
+        check_positive("trainer", val_n=self.val_n, val_top_p=self.val_top_p)
+        if self.val_temperature < 0 or self.val_top_p > 1:
+            raise ValueError(
+                "trainer.val_temperature must be >= 0 and trainer.val_top_p in (0, 1], got "
+                f"{self.val_temperature} and {self.val_top_p}"
+            )
+        if self.val_n > 1 and self.val_temperature == 0:
+            raise ValueError(
+                f"trainer.val_n={self.val_n} samples greedily (trainer.val_temperature=0), so "
+                "its samples are all the same answer: set trainer.val_temperature > 0"
             )
         if self.log_freq < 1:
             raise ValueError(f"trainer.log_freq must be >= 1, got {self.log_freq}")
