@@ -1,5 +1,10 @@
 """Entry point: `python -m hybrid.main [overrides]` (console script `hybrid-train`).
 
+The overrides may be in our names, verl's (`actor_rollout_ref.actor.optim.lr=1e-6`), or both:
+verl's are translated first (hybrid/verl/, docs/verl.md), every one without a counterpart
+named at once before anything starts. `--explain` prints the translation and the resolved
+config and exits. `python -m hybrid.verl_compat` is the same command under verl's role.
+
 Hydra composes configs/config.yaml (over the dataclasses' defaults, the registered `schema`)
 with the command-line overrides; the result is converted once into the typed tree
 (hybrid.trainer.config) and validated before any worker starts.
@@ -30,9 +35,15 @@ from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
 from hybrid.trainer.loop import Driver
+from hybrid.verl.resolve import apply as settle_verl_names
+from hybrid.verl.translate import Translation, translate
+
+TRANSLATION = Translation()
+"""The command line's translation (`cli`): what Hydra composed still needs from it."""
 
 
 def build_config(cfg: DictConfig) -> TrainerRunConfig:
+    print_lines(settle_verl_names(TRANSLATION, cfg))
     config = to_run_config(cfg)
     # A fresh checkout has no outputs/demo: the default run builds its own model and data.
     built = build_missing_demo_assets(config)
@@ -87,9 +98,54 @@ def main(cfg: DictConfig) -> None:
     print_lines(final_summary(driver.reward_history, time.monotonic() - started, final, out))
 
 
+VALUED_FLAGS = ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp")
+VALUED_FLAGS += ("--config-dir", "-cd", "--package", "-p")
+"""Hydra's flags that take the next word as their value."""
+
+
+def split_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra's flags (with their values) apart from the overrides."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    words = iter(args)
+    for word in words:
+        if word.startswith("-") and not word.startswith("~"):
+            flags.append(word)
+            if word in VALUED_FLAGS:
+                flags.append(next(words, ""))
+        else:
+            overrides.append(word)
+    return flags, overrides
+
+
+def config_name(flags: list[str]) -> str:
+    for i, flag in enumerate(flags):
+        if flag in ("--config-name", "-cn"):
+            return flags[i + 1]
+        if flag.startswith("--config-name="):
+            return flag.split("=", 1)[1]
+    return "config"
+
+
 def cli() -> None:
+    """Translate verl's names, then run (or, with --explain, show what would run)."""
+    global TRANSLATION
+    flags, overrides = split_flags(sys.argv[1:])
+    explain = "--explain" in flags
+    flags = [flag for flag in flags if flag != "--explain"]
+    TRANSLATION = translate(overrides)
+    try:
+        TRANSLATION.check()
+        if explain:
+            from hybrid.verl.explain import explain as show
+
+            print_lines(show(TRANSLATION, config_name(flags)))
+            return
+    except INPUT_ERRORS as error:
+        stop(error, None, 2)
+    sys.argv = [sys.argv[0], *flags, *TRANSLATION.overrides]
     main()
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -1,0 +1,237 @@
+"""verl's names as a dialect: the translation of single names, of verl's own run scripts
+(tests/assets/verl_scripts/, their overrides as facts with the source noted), and the
+errors a user sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hybrid.trainer.compose import compose, to_run_config
+from hybrid.verl.overrides import parse_overrides, render
+from hybrid.verl.resolve import apply, steps_for_epochs
+from hybrid.verl.table import PREFIXES, TABLE, Derived, Refused, Row
+from hybrid.verl.translate import is_ours, translate, verl_schema
+
+pytestmark = pytest.mark.unit
+
+SCRIPTS = Path(__file__).parents[2] / "assets" / "verl_scripts"
+RUNNABLE = ("grpo_qwen2-7b", "ppo_gemma", "grpo_lora_qwen2_5-3b")
+"""The scripts the integration test runs on CPU: translated with no refusal."""
+
+
+def script_overrides(name: str) -> list[str]:
+    lines = (SCRIPTS / f"{name}.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def all_scripts() -> list[str]:
+    return sorted(p.stem for p in SCRIPTS.glob("*.txt"))
+
+
+def test_the_scripts_cover_the_modes() -> None:
+    names = all_scripts()
+    assert len(names) >= 10
+    for mode in ("grpo", "ppo", "lora", "dapo", "seq_balance", "multiturn", "fully_async", "rm"):
+        assert any(mode in name for name in names), mode
+
+
+@pytest.mark.parametrize("name", all_scripts())
+def test_every_override_of_a_script_is_translated_or_named(name: str) -> None:
+    lines = script_overrides(name)
+    translation = translate(lines)
+    assert translation.dialect
+    mapped = {verl for verl, _ in translation.mapped}
+    for line in lines:
+        refused = [r for r in translation.refused if r.startswith(f"{line}:")]
+        assert (line in mapped) != bool(refused), (line, refused)
+    for refusal in translation.refused:  # each names the override and says why
+        line, _, why = refusal.partition(": ")
+        assert line in lines and why, refusal
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_the_runnable_scripts_translate_in_full(name: str) -> None:
+    translation = translate(script_overrides(name))
+    assert translation.refused == []
+    assert translation.epochs == 15  # trainer.total_epochs=15: steps once the data is known
+
+
+def test_a_mixed_command_line_takes_both_dialects() -> None:
+    translation = translate(
+        [
+            "actor_rollout_ref.actor.optim.lr=2e-6",
+            "+actor_rollout_ref.actor.clip_ratio=0.25",
+            "trainer.logger=['console','wandb']",
+            "trainer.save_freq=-1",
+            "rollout.n=4",  # ours, beside verl's
+            "actor_rollout_ref.rollout.dtype=bf16",
+            "actor_rollout_ref.rollout.load_format=dummy_dtensor",
+        ]
+    )
+    assert translation.refused == []
+    assert translation.overrides[:8] == [
+        "actor.optim.lr=2e-6",
+        "actor.clip_ratio_low=0.25",  # the `+` is dropped: the field exists here
+        "actor.clip_ratio_high=0.25",
+        "trainer.loggers=[console,wandb,jsonl]",
+        "trainer.save_freq=0",
+        "rollout.n=4",
+        "rollout.dtype=bfloat16",
+        "rollout.load_format=dummy",
+    ]
+
+
+def test_our_own_names_pass_through_untouched() -> None:
+    lines = ["trainer.total_steps=3", "data.max_prompt_length=8", "trainer.save_freq=2"]
+    translation = translate(lines)
+    assert not translation.dialect
+    assert translation.overrides == lines and translation.refused == []
+
+
+def test_every_refusal_is_named_at_once() -> None:
+    translation = translate(
+        [
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.foo=1",
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+        ]
+    )
+    with pytest.raises(ValueError) as error:
+        translation.check()
+    message = str(error.value)
+    assert "3 overrides of verl's dialect have no counterpart" in message
+    assert "actor_rollout_ref.rollout.name=sglang: only vLLM is built" in message
+    assert "actor_rollout_ref.actor.strategy=megatron: only FSDP2" in message
+    assert "engine_kwargs.vllm.foo=1: raw engine arguments" in message
+
+
+def test_a_misspelled_name_suggests_the_nearest_of_both_dialects() -> None:
+    verl = translate(["actor_rollout_ref.actor.optim.lrr=1e-6", "actor_rollout_ref.rollout.n=2"])
+    (refusal,) = verl.refused
+    assert "no such field here or in verl's config" in refusal
+    assert "verl's: actor_rollout_ref.actor.optim.lr" in refusal
+    ours = translate(["trainer.total_step=3"])
+    (refusal,) = ours.refused
+    assert "ours: trainer.total_steps" in refusal
+
+
+def test_a_verl_name_without_a_counterpart_is_named_as_such() -> None:
+    name = "actor_rollout_ref.actor.optim.optimizer"  # in verl's schema, not in the table
+    assert name in verl_schema() and name not in TABLE
+    (refusal,) = translate([f"{name}=AdamW"]).refused
+    assert refusal.startswith(f"{name}=AdamW: not supported here")
+
+
+def test_values_with_no_meaning_here_are_refused_with_the_accepted_ones() -> None:
+    (refusal,) = translate(
+        ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2"]
+    ).refused
+    assert "remax" in refusal and "grpo" in refusal
+
+
+def test_resources_lengths_and_greedy_validation_are_derived() -> None:
+    translation = translate(
+        [
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=4",
+            "trainer.device=cuda",
+            "data.max_prompt_length=100",
+            "data.max_response_length=50",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
+            "actor_rollout_ref.rollout.val_kwargs.n=8",
+        ]
+    )
+    assert translation.refused == []
+    lines = translation.overrides
+    assert "trainer.use_gpu=true" in lines
+    assert "trainer.num_workers=8" in lines and "trainer.nnodes=2" in lines
+    assert "rollout.prompt_length=100" in lines and "rollout.response_length=50" in lines
+    assert lines.index("trainer.val_n=8") < lines.index("trainer.val_n=1")  # greedy wins
+    assert translation.derive_max_model_len
+
+
+def test_the_fully_async_recipe_sets_the_mode_and_both_groups() -> None:
+    translation = translate(
+        [
+            "trainer.n_gpus_per_node=4",
+            "rollout.n_gpus_per_node=12",
+            "async_training.staleness_threshold=0.5",
+        ]
+    )
+    assert translation.refused == []
+    for line in (
+        "trainer.mode=fully_async",
+        "trainer.num_trainer_workers=4",
+        "trainer.num_explorer_workers=12",
+        "trainer.num_workers=16",
+        "fully_async.staleness_threshold=0.5",
+    ):
+        assert line in translation.overrides
+
+
+def test_members_that_must_agree_with_the_actor_are_checked() -> None:
+    translation = translate(
+        [
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            "critic.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+        ]
+    )
+    assert len(translation.refused) == 2
+    assert any(
+        "critic.ppo_mini_batch_size=8: must equal the actor's (16)" in r
+        for r in translation.refused
+    )
+
+
+def test_a_reward_model_path_counts_only_when_enabled() -> None:
+    off = translate(["reward_model.enable=False", "reward_model.model.path=/rm"])
+    assert not any(line.startswith("reward.model.path") for line in off.overrides)
+    on = translate(["reward_model.enable=True", "reward_model.model.path=/rm"])
+    assert "reward.model.path=/rm" in on.overrides
+
+
+def test_epochs_count_whole_batches_of_the_training_file(tmp_path: Path) -> None:
+    train = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": [f"p{i}" for i in range(10)]}), train)
+    cfg = compose("config", [f"data.train_files=[{train}]", "data.train_batch_size=4"])
+    assert steps_for_epochs(cfg, 3) == (6, 10, 4)  # 3 x (10 // 4)
+    translation = translate(
+        [
+            "trainer.total_epochs=3",
+            f"data.train_files=[{train}]",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=6",
+        ]
+    )
+    cfg = compose("config", translation.overrides)
+    lines = apply(translation, cfg)
+    assert cfg.trainer.total_steps == 6
+    assert cfg.rollout.max_model_len == cfg.rollout.prompt_length + 6
+    assert any("verl's defaults that differ here" in line for line in lines)
+    assert any(line.strip().startswith("actor_rollout_ref.rollout.n: verl 1") for line in lines)
+    config = to_run_config(cfg)
+    assert config.trainer.total_steps == 6 and config.rollout.response_length == 6
+
+
+def test_rendered_values_read_back_the_same() -> None:
+    values = [None, True, False, 3, 1e-6, "bfloat16", "1e-6", "a b", "it's", ["x", 2, None]]
+    for value in values:
+        (parsed,) = parse_overrides([f"k={render(value)}"])
+        assert parsed.value == value, (value, render(value))
+
+
+def test_every_table_row_names_fields_that_exist() -> None:
+    for name, entry in {**TABLE, **PREFIXES}.items():
+        assert isinstance(entry, Row | Refused | Derived), name
+        if isinstance(entry, Row):
+            for ours in entry.ours:
+                assert is_ours(ours), (name, ours)
+            assert entry.note or entry.ours, name
