@@ -4,6 +4,7 @@ without starting anything (no worker, no demo assets, no file checks)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -32,7 +33,7 @@ def explain(translation: Translation, config_name: str = "config") -> list[str]:
     return lines
 
 
-def _plain(value: object) -> object:
+def _plain(value: Any) -> Any:
     """Tuples as lists: OmegaConf holds lists."""
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}

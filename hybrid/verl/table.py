@@ -218,10 +218,8 @@ TABLE: dict[str, Entry] = {
     "actor_rollout_ref.model.lora_adapter_path": Refused(
         "starting from a saved adapter is not supported", "model.lora.rank"
     ),
-    "actor_rollout_ref.hybrid_engine": only(
-        (True,),
-        "the colocated hybrid engine is trainer.mode=colocated, the default",
-        "hybrid_engine=false is the split placement here",
+    "actor_rollout_ref.hybrid_engine": Derived(
+        "true: colocated (the default); false: a split or fully-async run"
     ),
     # --- the actor -------------------------------------------------------------------------
     "actor_rollout_ref.actor.strategy": only(
@@ -625,7 +623,6 @@ TABLE: dict[str, Entry] = {
         "overlong prompts are filtered and counted (never cut)",
         "unknown truncation",
     ),
-    "data.shuffle": only((True,), "prompts are shuffled by data.seed", "order is shuffled"),
     "data.return_raw_input_ids": any_value("prompts are re-tokenized where needed"),
     "data.return_raw_chat": any_value("the chat rows are kept for agent turns"),
     "data.return_full_prompt": any_value("the prompt text is kept"),

@@ -24,6 +24,8 @@ from hybrid.verl.table import DROP, Derived, Refused, Row, Unsupported, lookup
 SCHEMA_FILE = Path(__file__).with_name("verl_schema.txt")
 PASS_THROUGH_PREFIXES = ("hydra.", "hydra/")
 """Hydra's own settings (hydra.run.dir=...) are neither dialect's fields."""
+ROLLOUTER_RESOURCES = ("rollout.nnodes", "rollout.n_gpus_per_node")
+"""verl's fully-async entry: the Rollouter's own nodes and GPUs."""
 VERL_GPUS_PER_NODE = 8
 """verl's default trainer.n_gpus_per_node."""
 
@@ -91,6 +93,9 @@ class Translation:
     set_names: frozenset[str] = frozenset()
     """The verl names the command line set (the others keep our defaults)."""
 
+    fully_async: bool = False
+    """Whether the command line is verl's fully-async entry's (a Rollouter's GPUs, or
+    async_training.*)."""
     derived_lines: dict[str, str] = field(default_factory=dict)
     """verl name -> its override line, for the names the rules over several names read."""
 
@@ -133,6 +138,9 @@ def translate(lines: list[str]) -> Translation:
     for o in overrides:
         _translate_one(o, out, derived)
     out.set_names = frozenset(o.key for o in overrides)
+    out.fully_async = any(
+        o.key.startswith("async_training.") or o.key in ROLLOUTER_RESOURCES for o in overrides
+    )
     for rule in DERIVATIONS:
         rule(derived, ours_set, out)
     return out
@@ -225,8 +233,7 @@ def _resources(derived: dict[str, Any], ours: dict[str, Any], out: Translation) 
         return
     nodes = int(derived.get("trainer.nnodes", 1))
     per_node = int(derived.get("trainer.n_gpus_per_node", VERL_GPUS_PER_NODE))
-    rollout_keys = ("rollout.nnodes", "rollout.n_gpus_per_node")
-    if not any(key in derived for key in rollout_keys):
+    if not any(key in derived for key in ROLLOUTER_RESOURCES):
         counts: dict[str, Any] = {"trainer__nnodes": nodes, "trainer__n_gpus_per_node": per_node}
         if "trainer.num_workers" not in ours:
             counts["trainer__num_workers"] = nodes * per_node
@@ -324,13 +331,20 @@ def _members_agree(derived: dict[str, Any], ours: dict[str, Any], out: Translati
                 f"must equal the actor's ({actor}): one split of the batch serves both updates",
             )
     _generation_batch(derived, out)
+    if derived.get("actor_rollout_ref.hybrid_engine") is False:
+        mode = _last_value(out, "trainer.mode", "colocated")
+        if mode == "colocated" and not out.fully_async:
+            out.refuse(
+                "actor_rollout_ref.hybrid_engine",
+                "generation apart from training is trainer.mode=split or fully_async here",
+            )
 
 
 def _generation_batch(derived: dict[str, Any], out: Translation) -> None:
     """DAPO's generation batch is a train batch here; the fully-async Rollouter streams
     prompts, and its trainer takes require_batches mini-batches per update."""
     generation = derived.get("data.gen_batch_size")
-    fully_async = any(line == "trainer.mode=fully_async" for line in out.overrides)
+    fully_async = out.fully_async
     train = _last_value(out, "data.train_batch_size", None)
     if fully_async:
         if train is not None and int(train) == 0:  # verl's fully-async: no train batch

@@ -16,7 +16,7 @@ from hybrid.data.sample import Sample, SampleStatus
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.usefixtures("ray_cluster"),
-    pytest.mark.timeout(60),
+    pytest.mark.timeout(240),
 ]
 
 
@@ -38,10 +38,20 @@ def group(uid: str, size: int = 2) -> list[Sample]:
     ]
 
 
+ACTOR_START_S = 120
+"""An actor's start (a worker process and its imports): seconds on a quiet machine, much
+longer on two busy cores; the tests' own deadlines start once it answers."""
+
+
+def started(actor: Any) -> Any:
+    ray.get(actor.depth.remote(), timeout=ACTOR_START_S)
+    return actor
+
+
 @pytest.fixture(scope="module")
 def shared_buffer(ray_cluster: None) -> Iterator[Any]:
     """One actor for the tests that leave it empty and open (an actor start costs seconds)."""
-    actor = ExperienceBufferActor.remote(group_size=2, capacity_groups=4)
+    actor = started(ExperienceBufferActor.remote(group_size=2, capacity_groups=4))
     yield actor
     ray.kill(actor)
 
@@ -55,7 +65,7 @@ def buffer(shared_buffer: Any) -> Any:
 
 @pytest.fixture
 def own_buffer(ray_cluster: None) -> Iterator[Any]:
-    actor = ExperienceBufferActor.remote(group_size=2, capacity_groups=4)
+    actor = started(ExperienceBufferActor.remote(group_size=2, capacity_groups=4))
     yield actor
     ray.kill(actor)
 
@@ -70,7 +80,7 @@ def test_a_blocked_take_returns_the_group_another_caller_puts(buffer: Any) -> No
     ready, _ = ray.wait([taken], timeout=0.5)
     assert not ready  # the take is waiting inside the actor ...
     ray.get(
-        put_from_another_process.remote(buffer, group("a")), timeout=30
+        put_from_another_process.remote(buffer, group("a")), timeout=ACTOR_START_S
     )  # ... and the put still runs
     assert [(s.uid, s.index) for s in ray.get(taken, timeout=10)] == [("a", 0), ("a", 1)]
 

@@ -235,3 +235,11 @@ def test_every_table_row_names_fields_that_exist() -> None:
             for ours in entry.ours:
                 assert is_ours(ours), (name, ours)
             assert entry.note or entry.ours, name
+
+
+def test_the_page_shows_the_table_and_the_scripts_as_they_are() -> None:
+    from hybrid.verl.page import SCRIPTS_DIR, rewrite, scripts_markdown, table_markdown
+
+    page = Path(__file__).parents[3] / "docs" / "verl.md"
+    expected = rewrite(page, {"table": table_markdown(), "scripts": scripts_markdown(SCRIPTS_DIR)})
+    assert page.read_text() == expected, "run: python -m hybrid.verl.page docs/verl.md"
