@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hybrid.verl.table import PREFIXES, TABLE, Derived, Entry, Refused, Row
+from hybrid.verl.table import PREFIXES, TABLE, Derived, Entry, Refused
 from hybrid.verl.translate import translate
 
 MARKERS = {
