@@ -243,3 +243,33 @@ def test_the_page_shows_the_table_and_the_scripts_as_they_are() -> None:
     page = Path(__file__).parents[3] / "docs" / "verl.md"
     expected = rewrite(page, {"table": table_markdown(), "scripts": scripts_markdown(SCRIPTS_DIR)})
     assert page.read_text() == expected, "run: python -m hybrid.verl.page docs/verl.md"
+
+
+def test_explain_prints_the_translation_and_the_resolved_config() -> None:
+    from hybrid.verl.explain import explain
+
+    translation = translate(
+        ["actor_rollout_ref.rollout.n=4", "data.max_response_length=6", "trainer.total_steps=2"]
+    )
+    lines = explain(translation)
+    text = "\n".join(lines)
+    assert "actor_rollout_ref.rollout.n=4 -> rollout.n=4" in text
+    assert "rollout.max_model_len=22 (prompt + response length" in text  # 16 + 6
+    assert "  'n': 4" in text and "  response_length: 6" in text
+
+
+def test_the_entry_point_refuses_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from hybrid import main
+
+    argv = ["hybrid.main", "actor_rollout_ref.rollout.name=sglang", "trainer.logger=[mlflow]"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        main.cli()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "2 overrides of verl's dialect have no counterpart here" in err
+    assert "trainer.logger=[mlflow]: loggers ['mlflow']" in err
