@@ -98,7 +98,7 @@ def main(cfg: DictConfig) -> None:
     print_lines(final_summary(driver.reward_history, time.monotonic() - started, final, out))
 
 
-VALUED_FLAGS = ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp")
+VALUED_FLAGS: tuple[str, ...] = ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp")
 VALUED_FLAGS += ("--config-dir", "-cd", "--package", "-p")
 """Hydra's flags that take the next word as their value."""
 

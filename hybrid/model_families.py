@@ -1,7 +1,7 @@
 """Which model families `hybrid` trains, read from a transformers config or its config.json.
 
 A top-level module without torch or transformers (hybrid.models imports both): the driver checks
-a model directory with it before any worker starts (hybrid.trainer.config), and the state-dict
+a model directory with it before any worker starts (hybrid.trainer.config_files), and the state-dict
 adapters (hybrid.models.state_dict) pick their layout from it.
 """
 

@@ -173,7 +173,7 @@ def time_rollouts(
     for round_index in range(args.repeats + 1):  # round 0 warms up
         for ms, batch in arms.items():
             start = time.perf_counter()
-            samples = host.generate(batch, greedy=False, version=0)
+            samples = host.generate(batch, None, version=0)
             elapsed = time.perf_counter() - start
             stats = [s.agent_stats or {} for s in samples]  # None: not a trajectory
             made = sum(int(st.get("tool_calls", 0)) for st in stats)

@@ -23,6 +23,7 @@ from hybrid.controller import Dispatch, Worker, register
 from hybrid.data import Batch
 from hybrid.data.sample import Sample
 from hybrid.dtypes import Hardware
+from hybrid.rollout.base import Sampling
 from hybrid.rollout.engines import make_engine
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost
@@ -81,7 +82,7 @@ class ExplorerWorker(Worker):
         """Generate rollout.n Samples per prompt row with the current weights and put them
         into `buffer` (an ExperienceBuffer actor); the first rank of each TP group puts them."""
         started = time.perf_counter()
-        samples = self.rollout.generate(prompts, greedy=False, version=self.version)
+        samples = self.rollout.generate(prompts, None, version=self.version)
         gen_s = time.perf_counter() - started
         if self.rollout.group.speaks_for_group:
             ray.get(buffer.put.remote(samples, timeout_s))
@@ -97,7 +98,7 @@ class ExplorerWorker(Worker):
         """As `explore`, but the Samples come back to the caller (dynamic sampling scores them
         before any reaches the buffer); the first rank of each TP group returns them, the
         others nothing."""
-        samples = self.rollout.generate(prompts, greedy=False, version=self.version)
+        samples = self.rollout.generate(prompts, None, version=self.version)
         return samples if self.rollout.group.speaks_for_group else []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -124,9 +125,10 @@ class ExplorerWorker(Worker):
         self.rollout.interrupt()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def generate_sequences(self, prompts: Batch, greedy: bool = True) -> Batch:
-        """One response per prompt row as a Batch (validation), with the weights held."""
-        samples = self.rollout.generate(prompts, greedy, version=self.version)
+    def generate_sequences(self, prompts: Batch, sampling: Sampling) -> Batch:
+        """`sampling.n` responses per prompt row, drawn its way, as a Batch (validation), with
+        the weights held."""
+        samples = self.rollout.generate(prompts, sampling, version=self.version)
         return self.rollout.to_batch(samples, prompts.tensors["input_ids"].shape[1])
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)

@@ -30,7 +30,7 @@ from hybrid.planner.plan import Plan, plan_memory
 from hybrid.planner.reserve import DEFAULT_GPU
 from hybrid.planner.sizes import gather_peak
 from hybrid.planner.teacher_sizes import teacher_of
-from hybrid.trainer.config import check_sequence_parallel_model
+from hybrid.trainer.config_files import check_sequence_parallel_model
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -114,7 +114,7 @@ def _replace(config: Any, key: str, value: Any) -> Any:
 
 def sp_sizes(config: TrainerRunConfig, shape: ModelShape) -> list[int]:
     """The sizes of SP_SIZES that `config` can run at on `shape`: Ulysses' head rule and no
-    mixture of experts (hybrid.trainer.config.check_sequence_parallel_model), and the config
+    mixture of experts (hybrid.trainer.config_files.check_sequence_parallel_model), and the config
     valid at that size (`with_sp`: sp divides the trainer's workers and the workers per node,
     packed rows, the rows of a mini-batch over the data-parallel slots)."""
     heads = {

@@ -25,40 +25,15 @@ Shapes: lengths, budgets, penalties (b,).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hybrid.data import Batch
 
-
-@dataclass(frozen=True)
-class OverlongBufferConfig:
-    """reward.overlong_buffer: DAPO's soft length penalty (verl's
-    reward_model.overlong_buffer.{enable,len,penalty_factor})."""
-
-    enable: bool = False
-    """Add the penalty to every training row's reward (validation scores stay unshaped)."""
-    len: int = 1
-    """L_cache: the buffer before a row's budget over which the penalty ramps from 0 to
-    -penalty_factor; must be < rollout.response_length. 1 penalises only the rows that reach
-    their budget (in effect a hard penalty on cut responses); DAPO used 4096 of 20480."""
-    penalty_factor: float = 1.0
-    """Scale of the penalty: a response at its budget scores this much less. 0 logs the
-    reward/overlong_* metrics without changing the rewards."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.len, bool) or not isinstance(self.len, int) or self.len < 1:
-            raise ValueError(
-                f"reward.overlong_buffer.len must be an integer >= 1 (tokens), got {self.len!r}"
-            )
-        if not (math.isfinite(self.penalty_factor) and self.penalty_factor >= 0):
-            raise ValueError(
-                "reward.overlong_buffer.penalty_factor must be a finite number >= 0, "
-                f"got {self.penalty_factor}"
-            )
+if TYPE_CHECKING:
+    from hybrid.rewards.config import OverlongBufferConfig
 
 
 def length_ramp(lengths: torch.Tensor, budgets: torch.Tensor, buffer_len: int) -> torch.Tensor:

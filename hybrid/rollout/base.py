@@ -49,16 +49,48 @@ class GeneratedSample:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How many samples per prompt and how they are drawn, for a call that does not sample as
+    rollout.n / temperature / top_p / top_k say: validation (trainer.val_n, val_temperature,
+    val_top_p) and the generative judge's greedy answers. Top-k is off, and the end of
+    sequence always ends a sample (rollout.ignore_eos is for training rollouts only)."""
+
+    n: int = 1
+    """Samples per prompt."""
+    temperature: float = 0.0
+    """0: greedy (the argmax), which takes one sample."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"sampling needs n >= 1, temperature >= 0 and top_p in (0, 1], got {self}"
+            )
+        if self.greedy and self.n > 1:
+            raise ValueError(f"{self.n} greedy samples of a prompt would all be the same")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = Sampling()
+"""One greedy sample per prompt."""
+
+
+@dataclass(frozen=True)
 class Continuation:
     """One sample to generate (further): the prompt plus the response so far, how many new
-    tokens at most, its sampling seed (None: unseeded), whether to decode greedily (an
-    agent's validation turns) rather than with the rollout's sampling settings, and the
-    prompt's images (a vision-language model; their spans are expanded in `token_ids`)."""
+    tokens at most, its sampling seed (None: unseeded), how to sample it when not with the
+    rollout's settings (None; an agent's validation turns pass validation's, whose `n` the
+    flight applies: one request is one sample), and the prompt's images (a vision-language
+    model; their spans are expanded in `token_ids`)."""
 
     token_ids: list[int]
     max_tokens: int
     seed: int | None = None
-    greedy: bool = False
+    sampling: Sampling | None = None
     images: ImageSet | None = None
 
 
@@ -114,14 +146,14 @@ class RolloutEngine(Protocol):
         self,
         prompts: Sequence[list[int]],
         *,
-        greedy: bool = False,
+        sampling: Sampling | None = None,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
         images: Sequence[ImageSet | None] | None = None,
     ) -> list[GeneratedSample]:
-        """`n` samples per prompt (1 when greedy), prompt-major, with per-token log-probs;
-        `max_tokens` per prompt (default: the response length for all); `images` per prompt
-        (their spans expanded in the prompt's ids)."""
+        """rollout.n samples per prompt (`sampling.n`, drawn its way, when given),
+        prompt-major, with per-token log-probs; `max_tokens` per prompt (default: the response
+        length for all); `images` per prompt (their spans expanded in the prompt's ids)."""
         ...
 
     def score(

@@ -32,7 +32,7 @@ from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.rollout.agent.chat import ReplyRenderer
 from hybrid.rollout.agent.environment import Environments
 from hybrid.rollout.agent.flight import AgentFlight
-from hybrid.rollout.base import GeneratedSample, RolloutEngine, prompt_budgets
+from hybrid.rollout.base import GREEDY, GeneratedSample, RolloutEngine, Sampling, prompt_budgets
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.multimodal import check_no_placeholders
@@ -137,20 +137,20 @@ class RolloutHost:
         if config.agent.enabled:
             self.environments = Environments(config.agent)
             self.renderer = ReplyRenderer(tokenizer, self.environments.schemas() or None)
-            self.in_flight = self._agent_flight(greedy=False)
+            self.in_flight = self._agent_flight(None)
 
-    def _agent_flight(self, greedy: bool) -> AgentFlight:
+    def _agent_flight(self, sampling: Sampling | None) -> AgentFlight:
         assert self.environments is not None and self.renderer is not None
         c = self.config
         return AgentFlight(
-            1 if greedy else c.n,
+            c.n if sampling is None else sampling.n,
             c.response_length,
             c.max_model_len,
             self.environments,
             self.renderer.reply_tokens,
             self.decode,
             runs_environments=self.group.speaks_for_group,
-            greedy=greedy,
+            sampling=sampling,
         )
 
     @property
@@ -160,14 +160,15 @@ class RolloutHost:
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
-    def generate(self, prompts: Batch, greedy: bool, version: int) -> list[Sample]:
-        """`rollout.n` Samples per row of left-padded `input_ids` / `attention_mask` (one when
-        greedy), produced by weight `version`. An optional `seed` column seeds each row's
-        requests; an `extra_info` column may cap a row's budget (hybrid.rollout.base)."""
+    def generate(self, prompts: Batch, sampling: Sampling | None, version: int) -> list[Sample]:
+        """`rollout.n` Samples per row of left-padded `input_ids` / `attention_mask`, sampled
+        as the rollout config says (`sampling` None) or `sampling.n` sampled its way, produced
+        by weight `version`. An optional `seed` column seeds each row's requests; an
+        `extra_info` column may cap a row's budget (hybrid.rollout.base)."""
         self.interrupt()
         if self.environments is not None:
-            return self._generate_trajectories(prompts, greedy, version)
-        n = 1 if greedy else self.config.n
+            return self._generate_trajectories(prompts, sampling, version)
+        n = self.config.n if sampling is None else sampling.n
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
         seeds = prompts.tensors["seed"].tolist() if "seed" in prompts else [None] * len(prompts)
         budgets = prompt_budgets(prompts, self.config.response_length)
@@ -177,7 +178,7 @@ class RolloutHost:
         shared_images = [images for _, _, _, images in shared]
         generated = self.engine.generate(
             [ids for ids, _, _, _ in shared],
-            greedy=greedy,
+            sampling=sampling,
             seeds=None if None in shared_seeds else shared_seeds,
             max_tokens=[budget for _, _, budget, _ in shared],
             **({"images": shared_images} if any(shared_images) else {}),
@@ -195,7 +196,9 @@ class RolloutHost:
                     sample.response_ids, banned, f"sample {sample.uid}#{sample.index}"
                 )
 
-    def _generate_trajectories(self, prompts: Batch, greedy: bool, version: int) -> list[Sample]:
+    def _generate_trajectories(
+        self, prompts: Batch, sampling: Sampling | None, version: int
+    ) -> list[Sample]:
         """`generate` for agent runs: every row's trajectories run to their end (the TP
         group's rows together, as `generate` shares them), returned prompt-major."""
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
@@ -207,7 +210,7 @@ class RolloutHost:
             for row in range(len(prompts))
         ]
         shared, mine = self.group.gather(rows)
-        flight = self._agent_flight(greedy)
+        flight = self._agent_flight(sampling)
         for position, (uid, ids, metadata, budget, seed) in enumerate(shared):
             # The flight's uid is the row's position: rows of different TP ranks may share a uid.
             flight.add(str(position), ids, metadata, budget, seed, name=uid)
@@ -257,7 +260,7 @@ class RolloutHost:
         prompt_ids = unpad_prompts(prompts.tensors["input_ids"], prompts.tensors["attention_mask"])
         shared, mine = self.group.gather(prompt_ids)
         budgets = [max_tokens] * len(shared)
-        answers = self.engine.generate(shared, greedy=True, max_tokens=budgets)[mine]
+        answers = self.engine.generate(shared, sampling=GREEDY, max_tokens=budgets)[mine]
         return Batch.from_dict({}, {"judge_answer": [answer.text for answer in answers]})
 
     def score(self, batch: Batch) -> Batch:

@@ -4,7 +4,8 @@ and cannot afford vLLM's ~20-30 s start per process. It starts in well under a s
 receives real weights from the sync.
 
 What it keeps from `VllmEngine` (hybrid.rollout.vllm_engine), so drivers see the same contract:
-- Samples: `rollout.n` per prompt, prompt-major (one when greedy); `max_tokens` per prompt.
+- Samples: `rollout.n` per prompt, prompt-major (a call's own `Sampling.n` when it passes one,
+  as validation does); `max_tokens` per prompt.
 - Seeds: with per-request seeds (`rollout.seed_requests`, hybrid.rollout.engine_args), sample
   j of a prompt seeded s draws from its own generator seeded s + j, the child seeds vLLM's
   parallel sampling gives; so `generate` and `submit` of `Continuation(..., seed=s + j)` give
@@ -17,9 +18,9 @@ What it keeps from `VllmEngine` (hybrid.rollout.vllm_engine), so drivers see the
   default and hybrid never changes it: the fp32 log-softmax of the model's raw logits, before
   temperature, top-k and top-p. The toy engine returns exactly that.
 - Stopping: the tokenizer's EOS and the generation config's eos ids stop a request (the stop
-  token is kept in `token_ids`, `stopped=True`) unless `rollout.ignore_eos`; greedy requests
-  always stop at EOS (VllmEngine's greedy parameters do not pass ignore_eos). EOS is checked
-  before the budget, as vLLM does, and no sequence grows past rollout.max_model_len.
+  token is kept in `token_ids`, `stopped=True`) unless `rollout.ignore_eos`; requests with
+  their own `Sampling` (greedy ones included) always stop at EOS, as VllmEngine's do. EOS is
+  checked before the budget, as vLLM does, and no sequence grows past rollout.max_model_len.
 - Text: `generate` decodes with skip_special_tokens; `step` deltas carry no text (VllmEngine's
   streaming requests do not detokenize either).
 
@@ -44,7 +45,7 @@ import torch
 from hybrid.data.images import ImageSet
 from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.models.routers import experts_dtype, find_routers
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, Sampling
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engine_args import EngineSite, engine_seed, seeds_requests
@@ -73,9 +74,6 @@ class SamplingSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
-
-
-GREEDY = SamplingSettings(temperature=0.0, top_k=-1, top_p=1.0, ignore_eos=False)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -248,25 +246,26 @@ class ToyEngine:
         self,
         prompts: Sequence[list[int]],
         *,
-        greedy: bool = False,
+        sampling: Sampling | None = None,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
         images: Sequence[ImageSet | None] | None = None,
     ) -> list[GeneratedSample]:
-        """`rollout.n` samples per prompt (1 when greedy), prompt-major; `max_tokens` per
-        prompt (default: rollout.response_length); `seeds` per prompt (sample j: seed + j)."""
+        """`rollout.n` samples per prompt (`sampling.n` when given), prompt-major; `max_tokens`
+        per prompt (default: rollout.response_length); `seeds` per prompt (sample j: seed + j)."""
         _refuse_images(images)
         budgets = [self.config.response_length] * len(prompts) if max_tokens is None else max_tokens
         if len(budgets) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(budgets)} max_tokens")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        num_samples = 1 if greedy else self.config.n
-        settings = GREEDY if greedy else self._settings()
+        num_samples = self.config.n if sampling is None else sampling.n
+        settings = self._settings(sampling)
+        row_seeds = None if sampling is not None and sampling.greedy else seeds
         samples = []
         for index, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
             for j in range(num_samples):
-                seed = None if greedy or seeds is None else int(seeds[index]) + j
+                seed = None if row_seeds is None else int(row_seeds[index]) + j
                 request = self._request(Continuation(list(prompt), int(budget), seed), settings)
                 samples.append(self._run(request))
         return samples
@@ -291,8 +290,7 @@ class ToyEngine:
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in the toy engine")
         _refuse_images([request.images])
-        settings = GREEDY if request.greedy else self._settings()
-        self._live[request_id] = self._request(request, settings)
+        self._live[request_id] = self._request(request, self._settings(request.sampling))
 
     @torch.no_grad()
     def step(self) -> list[tuple[str, GeneratedSample, bool]]:
@@ -315,9 +313,12 @@ class ToyEngine:
         for request_id in request_ids:
             self._live.pop(request_id, None)
 
-    def _settings(self) -> SamplingSettings:
+    def _settings(self, sampling: Sampling | None) -> SamplingSettings:
+        """The rollout config's sampling, or a call's own (no top-k, stops at EOS)."""
         c = self.config
-        return SamplingSettings(c.temperature, c.top_k, c.top_p, c.ignore_eos)
+        if sampling is None:
+            return SamplingSettings(c.temperature, c.top_k, c.top_p, c.ignore_eos)
+        return SamplingSettings(sampling.temperature, -1, sampling.top_p, ignore_eos=False)
 
     def _request(self, request: Continuation, settings: SamplingSettings) -> _Request:
         if request.max_tokens < 1:

@@ -23,7 +23,7 @@ from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.heap import freeze_heap
 from hybrid.memory.model_shape import model_shape
 from hybrid.models.routers import experts_dtype
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
+from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, Sampling
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.direct_fit import direct_blockers, engine_layers
@@ -262,7 +262,7 @@ class VllmEngine:
         self,
         prompts: Sequence[list[int]],
         *,
-        greedy: bool = False,
+        sampling: Sampling | None = None,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
         images: Sequence[ImageSet | None] | None = None,
@@ -274,20 +274,12 @@ class VllmEngine:
         bias = self._logit_bias()
 
         def params(seed: int | None, budget: int) -> SamplingParams:
-            if greedy:
-                return SamplingParams(
-                    temperature=0.0, max_tokens=budget, logprobs=0, logit_bias=bias
-                )
             return SamplingParams(
-                n=c.n,
-                temperature=c.temperature,
-                top_p=c.top_p,
-                top_k=c.top_k,
+                n=c.n if sampling is None else sampling.n,
                 max_tokens=budget,
                 logprobs=0,
-                seed=seed,
-                ignore_eos=c.ignore_eos,
                 logit_bias=bias,
+                **self._sampling_args(sampling, seed),
             )
 
         budgets = [c.response_length] * len(prompts) if max_tokens is None else max_tokens
@@ -312,15 +304,10 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        c = self.config
         params = SamplingParams(
-            temperature=0.0 if request.greedy else c.temperature,
-            top_p=1.0 if request.greedy else c.top_p,
-            top_k=-1 if request.greedy else c.top_k,
             max_tokens=request.max_tokens,
             logprobs=0,
-            seed=request.seed if self.seed_requests else None,
-            ignore_eos=c.ignore_eos,
+            **self._sampling_args(request.sampling, request.seed if self.seed_requests else None),
             output_kind=RequestOutputKind.DELTA,
             # The caller decodes a finished response once; per-step text would cost a
             # detokenizer pass per request per step.
@@ -338,6 +325,24 @@ class VllmEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def _sampling_args(self, sampling: Sampling | None, seed: int | None) -> dict[str, Any]:
+        """The rollout config's sampling, or a call's own (no top-k, stops at EOS; a greedy
+        request takes no seed)."""
+        c = self.config
+        if sampling is None:
+            return {
+                "temperature": c.temperature,
+                "top_p": c.top_p,
+                "top_k": c.top_k,
+                "seed": seed,
+                "ignore_eos": c.ignore_eos,
+            }
+        return {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": None if sampling.greedy else seed,
+        }
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop submitted requests (their outputs so far were already returned by `step`)."""

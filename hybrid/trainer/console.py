@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hybrid.controller.worker_dict import OnceFilter
-from hybrid.trainer.config import TrainerRunConfig, sync_policy
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.config_derived import sync_policy
 
 MAX_COLUMNS = 100
 """No console line of ours is wider (a compact metrics line drops fields to fit)."""

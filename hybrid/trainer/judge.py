@@ -23,6 +23,7 @@ import torch
 from hybrid.controller import RayWorkerGroup, WorkerGroupView
 from hybrid.data import Batch
 from hybrid.models import load_tokenizer
+from hybrid.rewards.config import JudgeConfig
 from hybrid.rewards.judge import (
     UNPARSABLE,
     compile_pattern,
@@ -34,7 +35,6 @@ from hybrid.rewards.judge import (
 from hybrid.rewards.manager import RewardError
 from hybrid.rewards.outcome import OnError
 from hybrid.trainer.config import TrainerRunConfig
-from hybrid.workers.config import JudgeConfig
 from hybrid.workers.reward_inputs import prompt_texts
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,11 @@ from hybrid.algorithms.kl_control import KLController, make_kl_controller
 from hybrid.data import PromptDataset, PromptLoader
 from hybrid.data.vision_prompts import load_vision_processor
 from hybrid.models import load_tokenizer
+from hybrid.rewards.answers import answer_function
+from hybrid.rewards.config import JudgeConfig, RewardModelConfig
 from hybrid.rewards.manager import RewardManager, default_pool_size
 from hybrid.rewards.registry import BUILTIN_REWARDS, load_reward_function
+from hybrid.rollout.base import GREEDY, Sampling
 from hybrid.synchronizer.actor import SynchronizerActor
 from hybrid.synchronizer.client import SynchronizerClient
 from hybrid.trainer import placement
@@ -39,7 +42,8 @@ from hybrid.trainer.checkpoints import (
     critic_checkpoint_dir,
     resumable_checkpoint,
 )
-from hybrid.trainer.config import TrainerRunConfig, sync_policy
+from hybrid.trainer.config import TrainerRunConfig
+from hybrid.trainer.config_derived import sync_policy
 from hybrid.trainer.metrics import Sinks, drop_rows_after, make_sinks
 from hybrid.trainer.model_rewards import submit_rewards
 from hybrid.trainer.prompts import PromptFeed
@@ -49,8 +53,8 @@ from hybrid.trainer.sources import BufferSource, ColocatedSource, QueueSource, R
 from hybrid.trainer.sources.explorers import ExplorerSide
 from hybrid.trainer.sources.group_filter import DynamicSampling
 from hybrid.trainer.step import StepResult, TrainStep, merge_updates
+from hybrid.trainer.val_metrics import prompt_samples, validation_metrics
 from hybrid.trainer.weight_sync import WeightChannel
-from hybrid.workers.config import JudgeConfig, RewardModelConfig
 from hybrid.workers.critic import check_critic_model
 from hybrid.workers.lora import LORA_ADAPTER_DIR, check_lora_setup
 from hybrid.workers.reward_model import check_reward_model
@@ -169,7 +173,9 @@ class Driver:
         if self.agent is not None:
             check_agent_rows(self.agent, self.train_data, self.val_data)
         self.loader = (
-            PromptLoader(self.train_data, c.data.train_batch_size, seed=c.data.seed)
+            PromptLoader(
+                self.train_data, c.data.train_batch_size, seed=c.data.seed, shuffle=c.data.shuffle
+            )
             if self.train_data is not None
             else None
         )
@@ -178,6 +184,8 @@ class Driver:
             if c.reward.custom_path
             else None
         )
+        # What validation's maj@k votes on: the custom file's extract_answer, if it has one.
+        self.answers = answer_function(c.reward.custom_path)
         if custom is None:
             scorers = (c.reward.model, c.reward.judge)
             check_data_sources(self.train_data, self.val_data, scorers=scorers)
@@ -359,27 +367,35 @@ class Driver:
         self.log_memory(self.step)
 
     def validate(self) -> dict[str, float]:
+        """trainer.val_n responses per validation prompt (greedy at val_temperature 0), scored
+        as in training: val/ means and the val-core / val-aux estimators per data source."""
         assert self.val_data is not None
+        t = self.config.trainer
+        sampling = (
+            GREEDY if t.val_temperature == 0 else Sampling(t.val_n, t.val_temperature, t.val_top_p)
+        )
         size = self.config.data.val_batch_size
         batches = PromptLoader(self.val_data, size, seed=0, shuffle=False, drop_last=False)
-        scores = []
+        scores, prompts = [], []
         members, rules = self.workers.members, []
         for batch in batches.validation_batches(size):
-            rollout = self.source.generate_greedy(batch)
+            rollout = self.source.generate_for_validation(batch, sampling)
             # Combined with the reward model's or the judge's scores as in training.
             pending = submit_rewards(
                 self.config.reward, self.rewards, members.reward_model, rollout, members.judge
             )
             scores.append(pending.result()[0])
+            prompts += prompt_samples(rollout, scores[-1], self.answers)
             assert pending.rule_scores is not None
             rules.append(pending.rule_scores)
         joined = torch.cat(scores)
-        metrics = {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(joined))}
+        metrics = {"val/reward_mean": float(joined.mean()), "val/num_prompts": float(len(prompts))}
         rule = torch.cat(rules)
         scored_by_model = members.reward_model is not None or members.judge is not None
         if scored_by_model and not rule.isnan().all():
             # The rule's verdict on the same answers: what the model's scores are worth.
             metrics["val/rule_mean"] = float(rule[~rule.isnan()].mean())
+        metrics.update(validation_metrics(prompts))
         return metrics
 
     def log_memory(self, step: int) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
+from hybrid.rewards.config import RewardConfig, RewardModelConfig
 from hybrid.rewards.judge import UNPARSABLE, combine_judged, judged_metrics
 from hybrid.rewards.manager import RewardManager
 from hybrid.rewards.model_score import (
@@ -33,9 +34,7 @@ from hybrid.rewards.model_score import (
     scatter_rule_scores,
 )
 from hybrid.rewards.registry import BUILTIN_REWARDS
-from hybrid.trainer.config import RewardConfig
 from hybrid.trainer.judge import Judge, Judged
-from hybrid.workers.config import RewardModelConfig
 
 RuleResult = Future[tuple[torch.Tensor, dict[str, float]]]
 RULE_SUMMARY = ("reward/mean", "reward/max", "reward/min")

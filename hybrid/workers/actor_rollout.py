@@ -18,6 +18,7 @@ from hybrid.data import Batch
 from hybrid.data.sample import ROUTED_EXPERTS, ROUTED_EXPERTS_KNOWN
 from hybrid.dtypes import dtype_bytes
 from hybrid.memory.components import ByDevice, full_parameter_count
+from hybrid.rollout.base import Sampling
 from hybrid.rollout.engines import make_engine
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost
@@ -116,29 +117,30 @@ class ActorRolloutWorker(ActorWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate_sequences(
-        self, batch: Batch, greedy: bool = False, auto_mode: bool = True
+        self, batch: Batch, sampling: Sampling | None = None, auto_mode: bool = True
     ) -> Batch:
-        """Sample rollout.n responses (one when greedy) per row of left-padded `input_ids` /
-        `attention_mask`, as n adjacent rows that keep the prompt row's other columns.
+        """Sample rollout.n responses (`sampling.n`, drawn its way, when given: validation)
+        per row of left-padded `input_ids` / `attention_mask`, as n adjacent rows that keep
+        the prompt row's other columns.
 
         In trainer mode with auto_mode=True the call enters rollout mode for itself (sync,
         generate, release); with auto_mode=False it requires rollout mode. Rows may carry a
         `seed` column for per-row reproducible sampling.
         """
         if self.modes.mode is Mode.ROLLOUT or not auto_mode:
-            return self._generate(batch, greedy)
+            return self._generate(batch, sampling)
         with self.modes.rollout_mode():
-            return self._generate(batch, greedy)
+            return self._generate(batch, sampling)
 
-    def _generate(self, batch: Batch, greedy: bool) -> Batch:
+    def _generate(self, batch: Batch, sampling: Sampling | None) -> Batch:
         self.modes.require(Mode.ROLLOUT, "generate_sequences")
         # Colocated generation runs on the weights of the last sync: one version, lag 0.
         with self.ledger.timed("gen"):
-            samples = self.rollout.generate(batch, greedy, version=self.modes.num_syncs - 1)
+            samples = self.rollout.generate(batch, sampling, version=self.modes.num_syncs - 1)
         # Generation allocates nothing a component source counts (the KV cache is awake).
         self.ledger.record("rollout/generate", reuse_components=True)
         generated = self.rollout.to_batch(samples, batch.tensors["input_ids"].shape[1])
-        n = 1 if greedy else self.config.rollout.n
+        n = self.config.rollout.n if sampling is None else sampling.n
         optional = (*_AGENT_COLUMNS, *_ROUTING_COLUMNS)
         columns = [*_GENERATED_COLUMNS, *(c for c in optional if c in generated)]
         return beside_prompts(batch, generated.select(columns), n)

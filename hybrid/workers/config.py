@@ -10,16 +10,20 @@ What the actor, the critic and the reference share is written once:
   `PrecisionConfig` (`actor.precision.*`, `critic.precision.*`; the reference, which never
   computes gradients, takes its `param_dtype` part, `ForwardPrecisionConfig`:
   `ref.precision.param_dtype`) and `OffloadConfig` (`actor.offload.*`, `critic.offload.*`; the
-  reference, without optimizer, takes its `param_offload` part, `ParamOffloadConfig`). A group
-  does not know where it sits, so it has no `__post_init__`: its `check(owner)` runs from its
-  owner's `__post_init__` with the owner's dotted name, and an error names the whole field
-  (`actor.optim.lr must be > 0`).
+  reference, without optimizer, takes its `param_offload` part, `ParamOffloadConfig`; the
+  precision and offload groups live in hybrid/model_groups.py, since the reward model nests
+  them too). A group does not know where it sits, so it has no `__post_init__`: its
+  `check(owner)` runs from its owner's `__post_init__` with the owner's dotted name, and an
+  error names the whole field (`actor.optim.lr must be > 0`).
 - Micro-batch fields stay flat (`actor.micro_batch_size`, `actor.use_dynamic_bsz`,
   `actor.ppo_max_token_len_per_gpu`, `critic.forward_max_token_len_per_gpu`, ...): verl's
   users type these names, and a nested group would rename them. They are declared and checked
   once instead, in the base class `MicroBatching`, which ActorConfig, RefConfig and
   CriticConfig extend; each role adds the token budgets of its own passes (their verl names)
   and lists them in `TOKEN_BUDGETS`, so the one check covers them.
+
+The reward model a worker hosts (`reward.model`) is configured with the rest of `reward.*`, in
+hybrid/rewards/config.py.
 
 Sizes the trainer derives (rows per optimizer step, the off-policy caps in effect) are no
 fields of these classes: `TrainerRunConfig.worker_config()` builds them into a `WorkerSpec`
@@ -33,9 +37,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
 from hybrid.algorithms.policy_objectives import POLICY_LOSSES, PolicyLossName
-from hybrid.dtypes import DTYPE_CHOICES, DTYPES, ComputeDtypes, Dtype, DtypeChoice, Hardware
-from hybrid.rewards.judge import DEFAULT_PATTERN, compile_pattern
-from hybrid.rewards.model_score import COMBINE_CHOICES, Combine
+from hybrid.dtypes import ComputeDtypes, Hardware
+from hybrid.model_groups import (
+    ForwardPrecisionConfig,
+    OffloadConfig,
+    ParamOffloadConfig,
+    PrecisionConfig,
+)
+from hybrid.rewards.config import RewardModelConfig
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.validation import check_choice, check_positive, check_range
@@ -176,51 +185,6 @@ class CriticOptimConfig(OptimConfig):
         super().check(owner)
         if self.lr_warmup_steps < 0:
             raise ValueError(f"{owner}.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
-
-
-@dataclass(frozen=True)
-class ForwardPrecisionConfig:
-    """The dtype a model computes in (`ref.precision`: the reference also stores its weights
-    in it)."""
-
-    param_dtype: DtypeChoice = "auto"
-    """Compute dtype of the passes (FSDP2 MixedPrecisionPolicy.param_dtype); auto: bfloat16
-    where the device computes it natively, else float32 (hybrid/dtypes.py)."""
-
-    def check(self, owner: str) -> None:
-        check_choice(owner, "param_dtype", self.param_dtype, DTYPE_CHOICES)
-
-
-@dataclass(frozen=True)
-class PrecisionConfig(ForwardPrecisionConfig):
-    """Mixed precision of a trained model (`actor.precision`, `critic.precision`)."""
-
-    reduce_dtype: Dtype = "float32"
-    """Dtype of the gradient reduce-scatter."""
-    master_dtype: Dtype = "float32"
-    """Dtype of the sharded parameters the optimizer updates."""
-
-    def check(self, owner: str) -> None:
-        super().check(owner)
-        for name in ("reduce_dtype", "master_dtype"):
-            check_choice(owner, name, getattr(self, name), DTYPES)
-
-
-@dataclass(frozen=True)
-class ParamOffloadConfig:
-    """Whether a model's weights leave the device between its phases (`ref.offload`)."""
-
-    param_offload: bool = False
-    """Keep the (sharded) parameters on CPU outside the model's own phases (CUDA only; no-op
-    on CPU)."""
-
-
-@dataclass(frozen=True)
-class OffloadConfig(ParamOffloadConfig):
-    """Offload of a trained model (`actor.offload`, `critic.offload`)."""
-
-    optimizer_offload: bool = False
-    """Keep the optimizer state on CPU outside the optimizer step (CUDA only; no-op on CPU)."""
 
 
 @dataclass(frozen=True)
@@ -482,153 +446,6 @@ class DistillConfig(MicroBatching):
                 f"{owner}.coef and {owner}.reward_coef are both 0: the advantage would be 0 on "
                 "every token; set distill.coef > 0 (distillation) and/or distill.reward_coef > 0"
             )
-
-
-def combine_for(
-    data_source: str, combine: Combine, by_source: dict[str, Combine] | None
-) -> Combine:
-    """How a scorer's score joins the rule reward for `data_source`: its override, else
-    `combine` (reward.model and reward.judge alike)."""
-    return (by_source or {}).get(data_source, combine)
-
-
-def check_combination(
-    owner: str, combine: str, by_source: dict[str, Combine] | None, coef: float
-) -> None:
-    """A scorer's combine, per-source combines and coefficient (reward.model, reward.judge);
-    each error names the field under `owner`."""
-    check_choice(owner, "combine", combine, COMBINE_CHOICES)
-    if by_source is not None and not isinstance(by_source, dict):
-        raise ValueError(
-            f"{owner}.combine_by_source must map data sources to one of "
-            f"{list(COMBINE_CHOICES)}, got {by_source!r}"
-        )
-    for source, mode in (by_source or {}).items():
-        check_choice(f"{owner}.combine_by_source", str(source), mode, COMBINE_CHOICES)
-    if not math.isfinite(coef) or coef == 0:
-        raise ValueError(f"{owner}.coef must be a finite number other than 0, got {coef}")
-
-
-@dataclass(frozen=True)
-class RewardModelConfig:
-    """A discriminative reward model (`reward.model`): a Hugging Face sequence classifier with
-    one label, a WorkerDict member beside the reference (hybrid/workers/reward_model.py). It
-    reads each row as text in its own tokenizer and chat template; its score joins the rule
-    reward per data source (hybrid/rewards/model_score.py; docs/reward-models.md)."""
-
-    path: str | None = None
-    """Hugging Face directory of an AutoModelForSequenceClassification checkpoint with
-    num_labels=1 (config.json names a *ForSequenceClassification architecture); null: no
-    reward model."""
-    tokenizer_path: str | None = None
-    """Where its tokenizer (and chat template) is read from; null: `path` itself, which must
-    then hold tokenizer files. Set it (e.g. to model.path) for a reward model that reads the
-    policy's tokens; its vocabulary must then cover that tokenizer's ids."""
-    combine: Combine = "sum"
-    """How its score joins the rule reward: sum (rule + coef x score) or replace (coef x
-    score; the data source then needs no rule reward)."""
-    combine_by_source: dict[str, Combine] | None = None
-    """Per data source overrides of `combine`, e.g. {gsm8k: sum, chat: replace}; sources that
-    no row carries are ignored. null: `combine` for every source (a mapping, not {}: Hydra
-    lets a command line replace a null with a mapping, not add keys to an empty one)."""
-    coef: float = 1.0
-    """Scale of the model's score in the reward (a finite number, not 0)."""
-    micro_batch_size: int = 8
-    """Rows per forward pass on each rank."""
-    max_length: int = 1024
-    """Most tokens (prompt + response, in its tokenizer) it reads per row; a longer row loses
-    tokens from the left of its prompt, counted in reward/model_truncated."""
-    precision: ForwardPrecisionConfig = field(default_factory=ForwardPrecisionConfig)
-    """The dtype it is stored and computed in."""
-    offload: ParamOffloadConfig = field(default_factory=ParamOffloadConfig)
-    """Its weights on CPU outside its pass (CUDA only; no-op on CPU), like the reference's."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.path is not None
-
-    def combine_for(self, data_source: str) -> Combine:
-        return combine_for(data_source, self.combine, self.combine_by_source)
-
-    def __post_init__(self) -> None:
-        owner = "reward.model"
-        if self.path is not None and not self.path.strip():
-            raise ValueError(f"{owner}.path is empty: a model directory, or null for none")
-        check_combination(owner, self.combine, self.combine_by_source, self.coef)
-        check_positive(owner, micro_batch_size=self.micro_batch_size, max_length=self.max_length)
-        self.precision.check(f"{owner}.precision")
-        if self.path is None:
-            # Settings that change what the reward is: without a model they would do nothing.
-            given = {
-                "tokenizer_path": self.tokenizer_path is not None,
-                "combine": self.combine != "sum",
-                "combine_by_source": bool(self.combine_by_source),
-            }
-            changed = [name for name, set_ in given.items() if set_]
-            if changed:
-                raise ValueError(
-                    f"{owner}.path is null (no reward model) but {owner}.{changed[0]} is set: "
-                    f"set {owner}.path to a sequence-classification model, or drop the setting"
-                )
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    """A generative judge (`reward.judge`): the policy's own rollout engine (the actor_rollout
-    group colocated, the explorers split and fully_async) reads each row through a prompt
-    template, answers greedily, and the number a regex reads from its answer joins the rule
-    reward per data source like a reward model's score (hybrid/trainer/judge.py;
-    docs/reward-models.md). Not together with reward.model: a run scores with one model."""
-
-    template_path: str | None = None
-    """A text file with {prompt}, {response} and {ground_truth} placeholders (str.format
-    syntax, a literal brace doubled): the judge's user message, put through the policy's chat
-    template. It must name {response}. null: no judge."""
-    pattern: str = DEFAULT_PATTERN
-    """A regex with one group: the number in its LAST match in the answer is the score; no
-    match (or no finite number) makes the row `unparsable`, which reward.on_error handles."""
-    max_tokens: int = 64
-    """Most tokens of the judge's answer (greedy)."""
-    max_prompt_length: int = 448
-    """Most tokens of a judge prompt; a longer one loses tokens from the left, counted in
-    reward/judge_truncated. With max_tokens it must fit rollout.max_model_len."""
-    combine: Combine = "sum"
-    """How its score joins the rule reward: sum (rule + coef x score) or replace (coef x
-    score; the data source then needs no rule reward)."""
-    combine_by_source: dict[str, Combine] | None = None
-    """Per data source overrides of `combine`, as reward.model.combine_by_source."""
-    coef: float = 1.0
-    """Scale of the judge's score in the reward (a finite number, not 0)."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.template_path is not None
-
-    def combine_for(self, data_source: str) -> Combine:
-        return combine_for(data_source, self.combine, self.combine_by_source)
-
-    def __post_init__(self) -> None:
-        owner = "reward.judge"
-        if self.template_path is not None and not self.template_path.strip():
-            raise ValueError(f"{owner}.template_path is empty: a template file, or null for none")
-        compile_pattern(self.pattern)  # its errors name reward.judge.pattern
-        check_positive(owner, max_tokens=self.max_tokens, max_prompt_length=self.max_prompt_length)
-        check_combination(owner, self.combine, self.combine_by_source, self.coef)
-        if self.template_path is None:
-            # Settings that change what the reward is: without a judge they would do nothing.
-            changed = [
-                name
-                for name, set_ in (
-                    ("combine", self.combine != "sum"),
-                    ("combine_by_source", bool(self.combine_by_source)),
-                )
-                if set_
-            ]
-            if changed:
-                raise ValueError(
-                    f"{owner}.template_path is null (no judge) but {owner}.{changed[0]} is set: "
-                    f"set {owner}.template_path to a prompt template, or drop the setting"
-                )
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from hybrid.dtypes import resolve_dtype
 from hybrid.memory.components import ByDevice, parameter_bytes
 from hybrid.memory.ledger import process_ledger
 from hybrid.models import load_tokenizer
-from hybrid.workers.config import HybridWorkerConfig, RewardModelConfig
+from hybrid.rewards.config import RewardModelConfig
+from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.frozen import build_frozen_model
 from hybrid.workers.reward_inputs import encode_texts, packed, padded, render_texts
 from hybrid.workers.value import head_scores

@@ -88,7 +88,9 @@ FORBIDDEN = {
 # Only the top floor may import the trainer: the entry point main.py, the doctor (it composes
 # and judges a run's config before anything starts) and the offline planner (it reads the run
 # config).
-TRAINER_IMPORTERS = {"main.py", "trainer", "planner", "doctor"}
+TRAINER_IMPORTERS = {"main.py", "trainer", "planner", "doctor", "verl", "verl_compat.py", "eval.py"}
+"""The top floor: the entry points (training, evaluation, verl's names) and the tools that
+read a run's config as the entry point composes it."""
 # The planner sits on the same floor: what runs a step (workers, rollout, sharding, memory ...)
 # must not depend on the tool that predicts it.
 PLANNER_IMPORTERS = {"main.py", "trainer", "planner", "doctor"}

@@ -38,7 +38,7 @@ from typing import Any
 from hybrid.data.sample import NO_VERSION, Sample, SampleStatus
 from hybrid.rollout.agent.environment import Environment, Environments, EnvReply
 from hybrid.rollout.agent.stats import TrajectoryStats
-from hybrid.rollout.base import Continuation, GeneratedSample
+from hybrid.rollout.base import Continuation, GeneratedSample, Sampling
 
 SampleKey = tuple[str, int]
 
@@ -84,7 +84,7 @@ class AgentFlight:
         reply_tokens: Callable[[list[dict[str, Any]], bool], list[int]],
         decode: Callable[[list[int]], str],
         runs_environments: bool = True,
-        greedy: bool = False,
+        sampling: Sampling | None = None,
     ) -> None:
         self.group_size = group_size
         self.response_length = response_length
@@ -94,7 +94,8 @@ class AgentFlight:
         self.reply_tokens = reply_tokens
         self.decode = decode
         self.runs_environments = runs_environments
-        self.greedy = greedy
+        self.sampling = sampling
+        """How every turn samples (None: the rollout's settings)."""
         self._trajectories: dict[SampleKey, Trajectory] = {}
         self._live: dict[str, SampleKey] = {}
         """Engine request id -> the trajectory it generates."""
@@ -178,7 +179,7 @@ class AgentFlight:
             traj.where = Where.IN_ENGINE
             seed = None if traj.seed is None else (traj.seed + traj.turns) % 2**31
             tokens = sample.prompt_ids + sample.response_ids
-            out.append((request_id, Continuation(tokens, room, seed, self.greedy)))
+            out.append((request_id, Continuation(tokens, room, seed, self.sampling)))
         return out
 
     def interrupt(self) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from hybrid.data import Batch
 from hybrid.rewards.manager import Scores
+from hybrid.rollout.base import Sampling
 from hybrid.trainer.step import StepResult
 
 SOURCE_KEYS = frozenset({"timing_s/gen", "timing_s/trainer_wait"})
@@ -58,8 +59,9 @@ class RolloutSource(Protocol):
         """The prompt loader's position a run resumed from step `step`'s checkpoint starts at."""
         ...
 
-    def generate_greedy(self, prompts: Batch) -> Batch:
-        """One greedy response per prompt (validation), on the engines this mode samples with."""
+    def generate_for_validation(self, prompts: Batch, sampling: Sampling) -> Batch:
+        """`sampling.n` responses per prompt, adjacent in prompt order (validation), on the
+        engines this mode samples with."""
         ...
 
     def finish(self) -> None:

@@ -30,6 +30,7 @@ from hybrid.controller import StallError, WorkerDiedError
 from hybrid.data import Batch
 from hybrid.data.sample import Sample
 from hybrid.rewards.manager import ScoredRows
+from hybrid.rollout.base import Sampling
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide, poll, stop_side
 from hybrid.trainer.sources.group_filter import DynamicSampling
@@ -225,8 +226,8 @@ class BufferSource:
         assert self.loop is not None
         return self.loop.loader_state(step + 1)
 
-    def generate_greedy(self, prompts: Batch) -> Batch:
-        return self.side.generate_greedy(prompts)
+    def generate_for_validation(self, prompts: Batch, sampling: Sampling) -> Batch:
+        return self.side.generate_for_validation(prompts, sampling)
 
     def finish(self) -> None:
         assert self.loop is not None

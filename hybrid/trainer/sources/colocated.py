@@ -16,6 +16,7 @@ import torch
 from hybrid.controller import WorkerGroupView
 from hybrid.data import Batch
 from hybrid.data.sample import NO_VERSION
+from hybrid.rollout.base import Sampling
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.group_filter import DynamicSampling
@@ -72,8 +73,8 @@ class ColocatedSource:
     def resume_position(self, step: int) -> dict[str, int]:
         return self.feed.position()[0]
 
-    def generate_greedy(self, prompts: Batch) -> Batch:
-        return self.actor.generate_sequences(prompts, greedy=True)
+    def generate_for_validation(self, prompts: Batch, sampling: Sampling) -> Batch:
+        return self.actor.generate_sequences(prompts, sampling=sampling)
 
     def finish(self) -> None:
         pass

@@ -15,6 +15,7 @@ import ray
 from hybrid.controller import RayWorkerGroup
 from hybrid.data import Batch
 from hybrid.data.sample import samples_to_batch
+from hybrid.rollout.base import Sampling
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.follower import SyncFollower
 from hybrid.trainer.prompts import PromptFeed
@@ -44,10 +45,10 @@ class ExplorerSide:
             samples, c.rollout.response_length, self.pad_token_id, c.data.max_prompt_length
         )
 
-    def generate_greedy(self, prompts: Batch) -> Batch:
+    def generate_for_validation(self, prompts: Batch, sampling: Sampling) -> Batch:
         """Validation runs on the explorers, with the weights they hold (never the dummy
         weights an engine starts with: the starting version is loaded before anything runs)."""
-        out = self.explorers.generate_sequences(prompts, greedy=True)
+        out = self.explorers.generate_sequences(prompts, sampling=sampling)
         held = out.tensors["versions"][out.tensors["response_mask"].bool()]
         if held.numel() and int(held.min()) < 0:
             raise RuntimeError("validation ran on an explorer that holds no weight version yet")

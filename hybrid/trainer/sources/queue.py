@@ -32,6 +32,7 @@ from hybrid.buffer.message_queue import MessageQueueActor
 from hybrid.buffer.staleness import production_budget
 from hybrid.data import Batch
 from hybrid.rewards.manager import RewardManager, RewardStream, Scores
+from hybrid.rollout.base import Sampling
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide, poll, stop_side
 from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally
@@ -191,8 +192,8 @@ class QueueSource:
             )
         return position
 
-    def generate_greedy(self, prompts: Batch) -> Batch:
-        return self.side.generate_greedy(prompts)
+    def generate_for_validation(self, prompts: Batch, sampling: Sampling) -> Batch:
+        return self.side.generate_for_validation(prompts, sampling)
 
     def finish(self) -> None:
         assert self.rollouter is not None

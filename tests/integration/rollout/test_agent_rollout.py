@@ -278,7 +278,7 @@ prompts = chat_prompts(tokenizer, ["find it"] * len(modes), 32)
 infos = [{"tools_kwargs": {"lookup": {"mode": mode}}} for mode in modes]
 prompts = prompts.union(Batch.from_dict({}, {"extra_info": infos}))
 started = time.perf_counter()
-samples = host.generate(prompts, greedy=False, version=0)
+samples = host.generate(prompts, None, version=0)
 seconds = time.perf_counter() - started
 json.dump({
     "seconds": seconds,

@@ -40,6 +40,7 @@ start_single_rank_world()
 
 from hybrid.rollout.checksum import ChecksumMismatchError
 from hybrid.rollout.vllm_compat import amx_tiles_permitted, amx_tiles_requested
+from hybrid.rollout.base import GREEDY
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.vllm_engine import VllmEngine
 
@@ -53,7 +54,7 @@ perturbed = {k: v + (0.05 * torch.randn(v.shape, generator=noise)).to(dtype_)
              for k, v in original.items()}
 
 def generate():
-    out = engine.generate([[5, 17, 23, 9], [40, 41, 42]], greedy=True)
+    out = engine.generate([[5, 17, 23, 9], [40, 41, 42]], sampling=GREEDY)
     return [[s.token_ids, s.log_probs] for s in out]
 
 def load(strategy, weights):

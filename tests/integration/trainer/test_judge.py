@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from hybrid.data import Batch
 from hybrid.models.tokenizer import SPECIAL_TOKENS
 from hybrid.rewards.judge import compile_pattern, parse_score
+from hybrid.rollout.base import GREEDY
 from hybrid.trainer import placement
 from hybrid.trainer.loop import Driver
 from tests.integration.trainer.helpers import read_metrics, small_config, write_assets
@@ -85,7 +86,7 @@ def test_answers_are_the_engines_greedy_answers(
         prompts, cut = judge.encode(judge.texts(rows))
         answered = actor.judge_generate(prompts, 8).non_tensors["judge_answer"]
         assert actor.current_mode() == ["trainer", "trainer"]  # the call left rollout mode
-        greedy = actor.generate_sequences(prompts, greedy=True)
+        greedy = actor.generate_sequences(prompts, sampling=GREEDY)
         verdict = judge.submit(rows)()
     finally:
         workers.stop()

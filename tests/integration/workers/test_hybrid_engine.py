@@ -11,6 +11,7 @@ import torch
 
 from hybrid.controller import RayWorkerGroup, WorkerCallError
 from hybrid.data import Batch
+from hybrid.rollout.base import GREEDY
 from hybrid.sharding.config import SyncConfig
 from tests.integration.workers.helpers import (
     PROMPTS,
@@ -96,11 +97,11 @@ def test_engine_storage_stays_in_place_and_memory_is_steady(hybrid: tuple) -> No
 def test_gather_modes_give_identical_engines(hybrid: tuple, model_dir: Path) -> None:
     _, views = hybrid
     actor = views["actor_rollout"]
-    probe = actor.generate_sequences(prompt_batch(model_dir, PROMPTS), greedy=True)
+    probe = actor.generate_sequences(prompt_batch(model_dir, PROMPTS), sampling=GREEDY)
     results = {}
     for gather in ("tensor", "layer", "bucket"):
         actor.configure_sync(SyncConfig(gather=gather, bucket_mb=1, verify_checksum=True))
-        tokens = actor.generate_sequences(prompt_batch(model_dir, PROMPTS), greedy=True)[
+        tokens = actor.generate_sequences(prompt_batch(model_dir, PROMPTS), sampling=GREEDY)[
             "responses"
         ]
         log_probs = actor.compute_engine_log_prob(probe)["engine_log_probs"]

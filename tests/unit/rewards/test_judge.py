@@ -13,6 +13,7 @@ import torch
 
 from hybrid.data import Batch
 from hybrid.models import build_tokenizer
+from hybrid.rewards.config import JudgeConfig, RewardConfig, RewardModelConfig
 from hybrid.rewards.judge import (
     DEFAULT_PATTERN,
     check_template,
@@ -25,10 +26,8 @@ from hybrid.rewards.judge import (
     render_prompt,
 )
 from hybrid.rewards.manager import RewardError, RewardManager
-from hybrid.trainer.config import RewardConfig
 from hybrid.trainer.judge import Judge, Judged, make_judge
 from hybrid.trainer.model_rewards import PendingRewards, submit_rewards
-from hybrid.workers.config import JudgeConfig, RewardModelConfig
 from tests.unit.trainer.test_config_reachable import compose_config, to_typed
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
+from hybrid.rewards.config import OverlongBufferConfig
 from hybrid.rewards.overlong import (
-    OverlongBufferConfig,
     length_ramp,
     overlong_penalty,
     response_lengths,

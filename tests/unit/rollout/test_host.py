@@ -19,7 +19,7 @@ import torch
 from hybrid.data import Batch
 from hybrid.data.sample import SampleStatus
 from hybrid.dtypes import Dtype
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag
+from hybrid.rollout.base import GREEDY, Continuation, GeneratedSample, ResumeTag, Sampling
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.host import RolloutHost, build_samples, prompt_uids, unpad_prompts
@@ -49,15 +49,15 @@ class ScriptedEngine:
         self,
         prompts: Sequence[list[int]],
         *,
-        greedy: bool = False,
+        sampling: Sampling | None = None,
         seeds: Sequence[int] | None = None,
         max_tokens: Sequence[int] | None = None,
     ) -> list[GeneratedSample]:
-        self.calls.append(("generate", (list(prompts), greedy, seeds, max_tokens)))
+        self.calls.append(("generate", (list(prompts), sampling, seeds, max_tokens)))
         budgets = max_tokens or [4] * len(prompts)
         out = []
         for prompt, budget in zip(prompts, budgets, strict=True):
-            for _ in range(1 if greedy else self.n):
+            for _ in range(self.n if sampling is None else sampling.n):
                 tokens = [prompt[-1] + k for k in range(1, budget + 1)]
                 out.append(GeneratedSample(tokens, [-0.5] * budget, str(tokens), budget < 3))
         return out
@@ -148,7 +148,7 @@ def test_unpad_prompts_keeps_the_real_tokens() -> None:
 
 def test_samples_are_grouped_under_the_prompts_uid() -> None:
     h = host(n=2)
-    samples = h.generate(prompts(), greedy=False, version=3)
+    samples = h.generate(prompts(), None, version=3)
     assert [(s.uid, s.index) for s in samples] == [
         ("p0", 0),
         ("p0", 1),
@@ -174,25 +174,35 @@ def test_samples_are_grouped_under_the_prompts_uid() -> None:
 
 def test_rows_without_a_uid_are_named_by_position() -> None:
     h = host(n=1)
-    samples = h.generate(prompts(uids=False), greedy=False, version=0)
+    samples = h.generate(prompts(uids=False), None, version=0)
     assert [s.uid for s in samples] == ["row-0", "row-1", "row-2"]
     assert prompt_uids(prompts()) == ["p0", "p1", "p2"]
 
 
 def test_seeds_and_budgets_reach_the_engine_and_greedy_takes_one_sample() -> None:
     h = host(n=2)
-    samples = h.generate(prompts(), greedy=True, version=0)
+    samples = h.generate(prompts(), GREEDY, version=0)
     assert len(samples) == 3 and {s.index for s in samples} == {0}
     ((kind, args),) = engine_of(h).calls
     assert kind == "generate"
-    assert args == ([[5, 6], [7, 8, 9, 10], [20]], True, [100, 101, 102], [4, 2, 4])
-    h.generate(prompts(seeds=False), greedy=False, version=0)
+    assert args == ([[5, 6], [7, 8, 9, 10], [20]], GREEDY, [100, 101, 102], [4, 2, 4])
+    h.generate(prompts(seeds=False), None, version=0)
     assert engine_of(h).calls[-1][1][2] is None  # unseeded rows: no per-request seeds
+
+
+def test_a_call_s_own_sampling_sets_the_samples_per_prompt() -> None:
+    h = host(n=2)
+    validation = Sampling(n=3, temperature=1.0, top_p=0.9)
+    samples = h.generate(prompts(), validation, version=0)
+    assert [(s.uid, s.index) for s in samples[:4]] == [("p0", 0), ("p0", 1), ("p0", 2), ("p1", 0)]
+    assert len(samples) == 9 and engine_of(h).calls[-1][1][1] == validation
+    with pytest.raises(ValueError, match="greedy samples"):
+        Sampling(n=2, temperature=0.0)
 
 
 def test_samples_convert_to_the_padded_batch() -> None:
     h = host(n=2)
-    batch = h.to_batch(h.generate(prompts(), greedy=False, version=1), prompt_width=4)
+    batch = h.to_batch(h.generate(prompts(), None, version=1), prompt_width=4)
     assert batch["responses"].shape == (6, 4) and batch["prompts"].shape == (6, 4)
     assert list(batch["uid"]) == ["p0", "p0", "p1", "p1", "p2", "p2"]
     assert batch["response_mask"][2].tolist() == [1, 1, 0, 0]
@@ -237,7 +247,7 @@ def test_streaming_requests_leave_the_engine_before_a_generate_or_score() -> Non
     engine = engine_of(h)
     live = list(engine.live)
     assert len(live) == 1
-    h.generate(prompts()[1:], greedy=True, version=0)
+    h.generate(prompts()[1:], GREEDY, version=0)
     assert ("abort", live) in engine.calls and not engine.live
     # The interrupted sample continues from its token at the next stream.
     done = h.stream(None, max_steps=None, version=1)

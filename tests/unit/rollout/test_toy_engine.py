@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.tokenizer import EOS_TOKEN, EOS_TOKEN_ID
-from hybrid.rollout.base import Continuation, GeneratedSample
+from hybrid.rollout.base import GREEDY, Continuation, GeneratedSample, Sampling
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engines import make_engine as make_rollout_engine
 from hybrid.rollout.toy_engine import (
@@ -204,7 +204,7 @@ def test_abort_drops_requests_and_duplicates_are_refused(model_dir: Path) -> Non
 
 def test_greedy_is_the_argmax_continuation(model_dir: Path) -> None:
     engine = make_engine(model_dir, n=3, temperature=0.9, top_k=5)
-    greedy = engine.generate(PROMPTS, greedy=True, seeds=SEEDS, max_tokens=[6, 6, 6])
+    greedy = engine.generate(PROMPTS, sampling=GREEDY, seeds=SEEDS, max_tokens=[6, 6, 6])
     assert len(greedy) == len(PROMPTS)  # one sample per prompt, whatever n
     model = hf_model(model_dir)
     for prompt, sample in zip(PROMPTS, greedy, strict=True):
@@ -214,6 +214,16 @@ def test_greedy_is_the_argmax_continuation(model_dir: Path) -> None:
             if sequence[-1] == EOS_TOKEN_ID:
                 break
         assert sample.token_ids == sequence[len(prompt) :]
+
+
+def test_a_call_s_own_sampling_replaces_the_rollout_s(model_dir: Path) -> None:
+    """Validation's n, temperature and top-p instead of the rollout's (top-k off, EOS stops)."""
+    validation = Sampling(n=2, temperature=0.7, top_p=0.9)
+    training = make_engine(model_dir, n=4, temperature=1.0, top_k=3, ignore_eos=True)
+    own = training.generate(PROMPTS, sampling=validation, seeds=SEEDS)
+    alike = make_engine(model_dir, n=2, temperature=0.7, top_p=0.9)
+    assert len(own) == 2 * len(PROMPTS)
+    assert tokens(own) == tokens(alike.generate(PROMPTS, seeds=SEEDS))
 
 
 def test_log_probs_are_the_raw_models_at_the_sampled_tokens(model_dir: Path) -> None:
@@ -237,7 +247,7 @@ def test_log_probs_are_the_raw_models_at_the_sampled_tokens(model_dir: Path) -> 
 
 
 def test_top_k_1_and_a_tiny_top_p_sample_the_argmax(model_dir: Path) -> None:
-    greedy = tokens(make_engine(model_dir).generate(PROMPTS, greedy=True))
+    greedy = tokens(make_engine(model_dir).generate(PROMPTS, sampling=GREEDY))
     assert tokens(make_engine(model_dir, top_k=1).generate(PROMPTS, seeds=SEEDS)) == greedy
     assert tokens(make_engine(model_dir, top_p=1e-6).generate(PROMPTS, seeds=SEEDS)) == greedy
     assert tokens(make_engine(model_dir).generate(PROMPTS, seeds=SEEDS)) != greedy
@@ -274,7 +284,7 @@ def test_eos_stops_unless_ignored(arithmetic_dir: Path) -> None:
         assert continued.token_ids[: len(stopped.token_ids)] == stopped.token_ids
     # Greedy stops at EOS even under ignore_eos (VllmEngine's greedy requests do). The tied
     # tiny model's argmax repeats the last token, so a prompt ending in EOS yields EOS first.
-    greedy = ignoring.generate([[4, 5, EOS_TOKEN_ID], [4, 5]], greedy=True)
+    greedy = ignoring.generate([[4, 5, EOS_TOKEN_ID], [4, 5]], sampling=GREEDY)
     assert [(s.token_ids, s.stopped) for s in greedy] == [([EOS_TOKEN_ID], True), ([5] * 32, False)]
 
 

@@ -39,6 +39,8 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
     "trainer.memory_snapshot_step": ("trainer.use_gpu=true",),
     "trainer.nnodes": ("trainer.num_workers=4",),
     "trainer.critic_warmup": ("algorithm.adv_estimator=gae",),
+    # Several validation samples need sampling.
+    "trainer.val_n": ("trainer.val_temperature=1.0",),
     # The reward model's settings are refused without a reward model.
     "reward.model.tokenizer_path": ("reward.model.path=some/rm",),
     "reward.model.combine": ("reward.model.path=some/rm",),

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.trainer.config import RewardConfig, check_model_dir
+from hybrid.rewards.config import RewardConfig
+from hybrid.trainer.config_files import check_model_dir
 
 pytestmark = pytest.mark.unit
 

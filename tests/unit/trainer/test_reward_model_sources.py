@@ -9,8 +9,8 @@ import pytest
 
 from hybrid.data import PromptDataset, write_rows
 from hybrid.models import build_tokenizer
+from hybrid.rewards.config import RewardModelConfig
 from hybrid.trainer.loop import check_data_sources
-from hybrid.workers.config import RewardModelConfig
 
 pytestmark = pytest.mark.unit
 

@@ -7,17 +7,16 @@ from typing import Any
 
 import pytest
 
+from hybrid.model_groups import ForwardPrecisionConfig, PrecisionConfig
 from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.workers.config import (
     ActorConfig,
     CriticConfig,
     CriticOptimConfig,
-    ForwardPrecisionConfig,
     HybridWorkerConfig,
     ModelConfig,
     OptimConfig,
-    PrecisionConfig,
     RefConfig,
     WorkerSpec,
 )

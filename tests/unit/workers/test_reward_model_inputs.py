@@ -12,8 +12,8 @@ import torch
 from hybrid.data import Batch
 from hybrid.models import TinyModelConfig, build_tiny_model, build_tokenizer, hf_config
 from hybrid.models.tokenizer import save_tokenizer
+from hybrid.rewards.config import RewardModelConfig
 from hybrid.trainer.compose import compose, to_run_config
-from hybrid.workers.config import RewardModelConfig
 from hybrid.workers.reward_inputs import encode_texts, packed, padded, render_texts
 from hybrid.workers.reward_model import check_reward_model
 

@@ -142,7 +142,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 def test_a_trajectory_is_the_sampled_and_the_reply_tokens_exactly(tmp_path: Path) -> None:
     host, _, tok = make_host(tmp_path)
-    samples = host.generate(prompts(tok, 1), greedy=False, version=7)
+    samples = host.generate(prompts(tok, 1), None, version=7)
     assert len(samples) == 2
     eos = [int(tok.eos_token_id)]
     call, answer = encode(tok, CALL) + eos, encode(tok, ANSWER) + eos
@@ -162,7 +162,7 @@ def test_a_trajectory_is_the_sampled_and_the_reply_tokens_exactly(tmp_path: Path
 
 def test_the_batch_attends_to_replies_and_trains_only_sampled_tokens(tmp_path: Path) -> None:
     host, _, tok = make_host(tmp_path)
-    samples = host.generate(prompts(tok, 1), greedy=False, version=0)
+    samples = host.generate(prompts(tok, 1), None, version=0)
     batch = samples_to_batch(samples, 200, int(tok.pad_token_id), 40)
     mask, real = batch["response_mask"], batch["attention_mask"][:, 40:]
     n = samples[0].response_length
@@ -178,7 +178,7 @@ def test_tool_calls_run_while_the_engine_steps(tmp_path: Path) -> None:
     rows = [{"tools_kwargs": {"add": {"delay": 0.3}}} for _ in range(4)]
     host, _, tok = make_host(tmp_path)
     started = time.perf_counter()
-    samples = host.generate(prompts(tok, 4, rows), greedy=False, version=0)
+    samples = host.generate(prompts(tok, 4, rows), None, version=0)
     elapsed = time.perf_counter() - started
     assert len(samples) == 8 and all(s.agent_stats["tool_calls"] == 1 for s in samples)
     assert elapsed < 1.5, f"8 calls of 0.3 s took {elapsed:.2f} s: they ran one after another"
@@ -188,7 +188,7 @@ def test_a_tool_past_its_deadline_becomes_a_tool_message(tmp_path: Path) -> None
     rows = [{"tools_kwargs": {"add": {"delay": 30.0}}}]
     host, _, tok = make_host(tmp_path, tool_timeout_s=0.3)
     started = time.perf_counter()
-    samples = host.generate(prompts(tok, 1, rows), greedy=False, version=0)
+    samples = host.generate(prompts(tok, 1, rows), None, version=0)
     assert time.perf_counter() - started < 5
     stats = samples[0].agent_stats
     assert stats is not None and stats["errors"] == {"timeout": 1}
@@ -198,11 +198,11 @@ def test_a_tool_past_its_deadline_becomes_a_tool_message(tmp_path: Path) -> None
 
 def test_budgets_end_trajectories_and_say_why(tmp_path: Path) -> None:
     host, _, tok = make_host(tmp_path, response_length=80)  # the call fits, the reply does not
-    samples = host.generate(prompts(tok, 1), greedy=False, version=0)
+    samples = host.generate(prompts(tok, 1), None, version=0)
     assert {s.status for s in samples} == {SampleStatus.TRUNCATED}
     assert {s.agent_stats["truncated"] for s in samples} == {"tokens"}
     host, _, tok = make_host(tmp_path, max_turns=1)
-    samples = host.generate(prompts(tok, 1), greedy=False, version=0)
+    samples = host.generate(prompts(tok, 1), None, version=0)
     assert {s.agent_stats["truncated"] for s in samples} == {"turns"}
     metrics = agent_metrics([s.agent_stats for s in samples])
     assert metrics["agent/truncated"] == 2.0 and metrics["agent/truncated/turns"] == 2.0
@@ -223,4 +223,4 @@ def test_a_sync_mid_turn_shows_in_the_versions(tmp_path: Path) -> None:
 def test_a_row_naming_an_unknown_environment_is_refused(tmp_path: Path) -> None:
     host, _, tok = make_host(tmp_path)
     with pytest.raises(ValueError, match=r"prompt p0: extra_info.agent_name 'shop'"):
-        host.generate(prompts(tok, 1, [{"agent_name": "shop"}]), greedy=False, version=0)
+        host.generate(prompts(tok, 1, [{"agent_name": "shop"}]), None, version=0)
