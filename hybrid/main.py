@@ -133,18 +133,22 @@ def cli() -> None:
     flags, overrides = split_flags(sys.argv[1:])
     explain = "--explain" in flags
     flags = [flag for flag in flags if flag != "--explain"]
-    TRANSLATION = translate(overrides)
+    translation = translate(overrides)
     try:
-        TRANSLATION.check()
+        translation.check()
         if explain:
             from hybrid.verl.explain import explain as show
 
-            print_lines(show(TRANSLATION, config_name(flags)))
+            print_lines(show(translation, config_name(flags)))
             return
     except INPUT_ERRORS as error:
         stop(error, None, 2)
-    sys.argv = [sys.argv[0], *flags, *TRANSLATION.overrides]
-    main()
+    sys.argv = [sys.argv[0], *flags, *translation.overrides]
+    TRANSLATION = translation
+    try:
+        main()
+    finally:  # a later in-process build_config starts from no translation
+        TRANSLATION = Translation()
 
 
 if __name__ == "__main__":

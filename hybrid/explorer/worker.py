@@ -80,11 +80,12 @@ class ExplorerWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def explore(self, prompts: Batch, buffer: Any, timeout_s: float) -> dict[str, float]:
         """Generate rollout.n Samples per prompt row with the current weights and put them
-        into `buffer` (an ExperienceBuffer actor); the first rank of each TP group puts them."""
+        into `buffer` (an ExperienceBuffer actor). Every rank puts its own rows: the TP ranks
+        of an engine got different rows, which the engine generated together."""
         started = time.perf_counter()
         samples = self.rollout.generate(prompts, None, version=self.version)
         gen_s = time.perf_counter() - started
-        if self.rollout.group.speaks_for_group:
+        if samples:
             ray.get(buffer.put.remote(samples, timeout_s))
         return {
             "samples": float(len(samples)),
@@ -96,10 +97,8 @@ class ExplorerWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def explore_samples(self, prompts: Batch) -> list[Sample]:
         """As `explore`, but the Samples come back to the caller (dynamic sampling scores them
-        before any reaches the buffer); the first rank of each TP group returns them, the
-        others nothing."""
-        samples = self.rollout.generate(prompts, None, version=self.version)
-        return samples if self.rollout.group.speaks_for_group else []
+        before any reaches the buffer); every rank returns its own rows."""
+        return self.rollout.generate(prompts, None, version=self.version)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stream(self, prompts: Batch | None, queue: Any, max_steps: int | None) -> dict[str, float]:

@@ -80,6 +80,8 @@ def default_differences(translation: Translation, cfg: DictConfig) -> list[str]:
         default = _default(schema.get(name))
         if default is _UNKNOWN or default is None:  # verl's null: derived from other fields
             continue
+        if entry.ours[0].endswith(INPUT_SUFFIXES):  # a placeholder input, no default
+            continue
         try:
             verl_value = entry.convert(default)
         except ValueError:
@@ -92,6 +94,8 @@ def default_differences(translation: Translation, cfg: DictConfig) -> list[str]:
 
 
 _UNKNOWN = object()
+INPUT_SUFFIXES = ("path", "_dir", "_file", "_files")
+"""Our fields that name a run's inputs and outputs: verl's defaults there are examples."""
 
 FEATURE_GATES = {
     "async_training.": "trainer.mode",
