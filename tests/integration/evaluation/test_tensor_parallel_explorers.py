@@ -8,7 +8,6 @@ rollout.tensor_parallel_size=2 half of a split run's prompts were generated and 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import ray
