@@ -26,6 +26,13 @@ def apply(translation: Translation, cfg: DictConfig) -> list[str]:
             f"trainer.total_epochs={translation.epochs}: trainer.total_steps={steps} "
             f"({translation.epochs} x {rows} training rows // data.train_batch_size {batch})"
         )
+    for steps_field, ratio in translation.warmup_ratios.items():
+        owner = cfg[steps_field.split(".")[0]].optim
+        owner.lr_warmup_steps = int(ratio * int(cfg.trainer.total_steps))
+        lines.append(
+            f"{steps_field}={owner.lr_warmup_steps} ({ratio} x trainer.total_steps "
+            f"{cfg.trainer.total_steps})"
+        )
     if translation.derive_max_model_len:
         total = int(cfg.rollout.prompt_length) + int(cfg.rollout.response_length)
         cfg.rollout.max_model_len = total

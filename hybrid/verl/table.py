@@ -166,15 +166,6 @@ def _keep_positive_or_null(value: Any) -> Any:
     return int(value)
 
 
-def _not_above_zero(field_name: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None or float(value) <= 0:
-            return value
-        raise Unsupported(f"{field_name} > 0: the actor's learning rate is constant here")
-
-    return check
-
-
 def _val_do_sample(value: Any) -> Any:
     return value  # read by the validation rule in hybrid.verl.translate
 
@@ -269,11 +260,12 @@ TABLE: dict[str, Entry] = {
     "actor_rollout_ref.actor.optim.lr": same("actor.optim.lr"),
     "actor_rollout_ref.actor.optim.weight_decay": same("actor.optim.weight_decay"),
     "actor_rollout_ref.actor.optim.betas": same("actor.optim.betas"),
-    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": renamed(
-        (), _not_above_zero("lr_warmup_steps_ratio"), "no warm-up: 0 only"
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": Derived(
+        "ratio x trainer.total_steps warm-up steps (actor.optim.lr_warmup_steps) unless "
+        "lr_warmup_steps is set"
     ),
-    "actor_rollout_ref.actor.optim.lr_warmup_steps": only(
-        (-1, 0), "no warm-up here", "the actor's learning rate is constant here"
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": renamed(
+        "actor.optim.lr_warmup_steps", _never_is_zero, "-1 (verl: use the ratio) -> 0"
     ),
     "actor_rollout_ref.actor.optim.warmup_style": only(
         ("constant",), "the learning rate is constant", "only a constant learning rate is built"
@@ -464,10 +456,9 @@ TABLE: dict[str, Entry] = {
     "critic.optim.lr_warmup_steps": renamed(
         "critic.optim.lr_warmup_steps", _never_is_zero, "-1 (verl: use the ratio) -> 0"
     ),
-    "critic.optim.lr_warmup_steps_ratio": renamed(
-        (),
-        _not_above_zero("critic.optim.lr_warmup_steps_ratio"),
-        "0 only; set critic.optim.lr_warmup_steps",
+    "critic.optim.lr_warmup_steps_ratio": Derived(
+        "ratio x trainer.total_steps warm-up steps (critic.optim.lr_warmup_steps) unless "
+        "lr_warmup_steps is set"
     ),
     "critic.optim.warmup_style": only(
         ("constant",), "constant after the warm-up", "only a constant schedule is built"
@@ -727,9 +718,9 @@ PREFIXES: dict[str, Entry] = {
     "critic.profiler.": any_value("no profiler"),
     "reward_model.profiler.": any_value("no profiler"),
     "global_profiler.": any_value("no profiler"),
-    "reward_model.rollout.": Refused(
-        "a generative reward model's own engine is not built; the judge uses the policy's",
-        "reward.judge.*",
+    "reward_model.rollout.": any_value(
+        "verl's engine that serves the reward model: here the reward model is a sequence "
+        "classifier run by the workers (reward.model.*; a generative judge is reward.judge.*)"
     ),
     "actor_rollout_ref.rollout.agent.custom_async_server.": Refused(
         "the engine is in-process; custom servers are not loaded"

@@ -90,6 +90,8 @@ class Translation:
     epochs: int | None = None
     """trainer.total_epochs, when steps are to be counted from the training file."""
     derive_max_model_len: bool = False
+    warmup_ratios: dict[str, float] = field(default_factory=dict)
+    """Our lr_warmup_steps field -> verl's ratio of the run's steps (settled once composed)."""
     set_names: frozenset[str] = frozenset()
     """The verl names the command line set (the others keep our defaults)."""
 
@@ -421,6 +423,27 @@ def _epochs(derived: dict[str, Any], ours: dict[str, Any], out: Translation) -> 
     out.epochs = int(epochs)
 
 
+WARMUPS = {
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "actor.optim.lr_warmup_steps",
+    "critic.optim.lr_warmup_steps_ratio": "critic.optim.lr_warmup_steps",
+}
+"""verl's warm-up ratios and the step counts they become here."""
+
+
+def _warmup_ratios(derived: dict[str, Any], ours: dict[str, Any], out: Translation) -> None:
+    """verl warms up for ratio x the run's steps unless lr_warmup_steps is positive."""
+    for name, steps_field in WARMUPS.items():
+        ratio = derived.get(name)
+        if ratio is None or float(ratio) <= 0:
+            continue
+        if float(ratio) >= 1:
+            out.refuse(name, "must be < 1 (a share of the run's steps)")
+        elif int(_last_value(out, steps_field, 0)) > 0:
+            out.mapped.append((f"{name}={ratio}", f"nothing to set: {steps_field} is given"))
+        else:
+            out.warmup_ratios[steps_field] = float(ratio)
+
+
 DERIVATIONS: tuple[Derivation, ...] = (
     _resources,
     _lengths,
@@ -429,6 +452,7 @@ DERIVATIONS: tuple[Derivation, ...] = (
     _reward_model,
     _model_config_changes,
     _epochs,
+    _warmup_ratios,
 )
 
 

@@ -37,13 +37,16 @@ from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import pass_config, score_responses
-from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, warmup_scheduler
 from hybrid.workers.lora import adapter_spec, adapters_disabled, expert_adapters
 from hybrid.workers.parallel import ParallelState, init_trainer_parallel
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.routing import MoeRouting
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
 from hybrid.workers.vision_inputs import vision_family
+
+SCHEDULER_KEY = "actor_lr_scheduler"
+"""The warm-up's position in a checkpoint's extra state."""
 
 
 class WorkerFacts(TypedDict):
@@ -147,6 +150,7 @@ class ActorWorker(Worker):
             self.ledger,
             self.routing,
             self.parallel.data_parallel_group,
+            warmup_scheduler(self.optimizer, optim.lr_warmup_steps),
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
         self.sft = SftTrainer(
@@ -252,7 +256,9 @@ class ActorWorker(Worker):
     def end_sft(self) -> None:
         """The SFT stage is over: actor.optim.lr again, and no Adam moments (RL starts from
         the SFT weights with a fresh optimizer)."""
-        reset_optimizer(self.optimizer, self.config.actor.optim.lr)
+        optim = self.config.actor.optim
+        reset_optimizer(self.optimizer, optim.lr)
+        self.trainer.scheduler = warmup_scheduler(self.optimizer, optim.lr_warmup_steps)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -282,15 +288,27 @@ class ActorWorker(Worker):
         torch.cuda.memory._record_memory_history(enabled=None)
         return str(path)
 
+    def _scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        """The update's warm-up (built with the trainer; built again when SFT ends)."""
+        assert self.trainer.scheduler is not None
+        return self.trainer.scheduler
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
         with self._phase("save_checkpoint", with_optimizer=True):
-            save_checkpoint(Path(path), self.model, self.optimizer, extra)
+            state = {**(extra or {}), SCHEDULER_KEY: self._scheduler().state_dict()}
+            save_checkpoint(Path(path), self.model, self.optimizer, state)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         with self._phase("load_checkpoint", with_optimizer=True):
-            return load_checkpoint(Path(path), self.model, self.optimizer)
+            extra = load_checkpoint(Path(path), self.model, self.optimizer)
+        scheduler = self._scheduler()
+        if SCHEDULER_KEY in extra:  # checkpoints before the actor's warm-up have none
+            scheduler.load_state_dict(extra.pop(SCHEDULER_KEY))
+            for group, lr in zip(self.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr  # where the warm-up stood, whatever the optimizer file held
+        return extra
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def export_hf(self, path: str) -> str:

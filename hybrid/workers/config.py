@@ -159,10 +159,15 @@ class OptimConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; a step whose norm is not finite is skipped."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up, from lr / lr_warmup_steps up to lr
+    (0: none). The actor's counts the RL updates (it starts again after an SFT stage)."""
 
     def check(self, owner: str) -> None:
         """Raise ValueError naming `owner.<field>` (e.g. actor.optim.lr) for a bad value."""
         check_positive(owner, lr=self.lr, eps=self.eps, max_grad_norm=self.max_grad_norm)
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"{owner}.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.weight_decay < 0:
             raise ValueError(f"{owner}.weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2:
@@ -174,17 +179,10 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class CriticOptimConfig(OptimConfig):
-    """The critic's optimizer (`critic.optim`): a linear warm-up of the learning rate first."""
+    """The critic's optimizer (`critic.optim`): a larger learning rate than the actor's."""
 
     lr: float = 1e-5
     """AdamW learning rate (after the warm-up)."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps of linear learning-rate warm-up (0: none)."""
-
-    def check(self, owner: str) -> None:
-        super().check(owner)
-        if self.lr_warmup_steps < 0:
-            raise ValueError(f"{owner}.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
 
 
 @dataclass(frozen=True)

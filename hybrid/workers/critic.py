@@ -30,9 +30,9 @@ from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.forward import pass_config
-from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, warmup_scheduler
 from hybrid.workers.parallel import init_trainer_parallel
-from hybrid.workers.value import ValueTrainer, compute_values, warmup_scheduler
+from hybrid.workers.value import ValueTrainer, compute_values
 
 SCHEDULER_KEY = "critic_lr_scheduler"
 

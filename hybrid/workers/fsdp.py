@@ -243,6 +243,18 @@ def build_optimizer(
     )
 
 
+def warmup_scheduler(
+    optimizer: torch.optim.Optimizer, warmup_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up of the learning rate over `warmup_steps` optimizer steps, then constant
+    (0: constant from the first step)."""
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def clip_and_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float
 ) -> tuple[float, bool]:

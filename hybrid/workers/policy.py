@@ -70,8 +70,12 @@ class PolicyTrainer:
         ledger: MemoryLedger | None = None,
         routing: MoeRouting | None = None,
         dp_group: dist.ProcessGroup | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     ) -> None:
         self.model = model
+        self.scheduler = scheduler
+        """The learning rate's warm-up (actor.optim.lr_warmup_steps), stepped with the
+        optimizer; None: the optimizer's lr throughout."""
         self.routing = routing
         """The MoE routers' hooks (None: a dense model)."""
         self.dp_group = dp_group
@@ -193,6 +197,9 @@ class PolicyTrainer:
         if routing_stats is not None:
             fractions.update(routing_stats.metrics(device))
         grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step took
+        if self.scheduler is not None:
+            self.scheduler.step()
         boundary(self.ledger, "update/optimizer_step")
         return {
             **totals,
@@ -200,7 +207,7 @@ class PolicyTrainer:
             **(first_pass.metrics(device) if on_policy else {}),
             "actor/grad_norm": grad_norm,
             "actor/step_applied": float(applied),
-            "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "actor/lr": lr,
         }
 
     def _compares_routing(self, batch: Batch) -> bool:

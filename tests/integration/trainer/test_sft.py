@@ -52,6 +52,7 @@ def sft_overrides(assets: Path, *extra: str) -> tuple[str, ...]:
         "sft.batch_size=32",
         "sft.max_length=16",
         "sft.lr=1e-3",
+        "actor.optim.lr_warmup_steps=2",  # RL's warm-up starts after SFT: lr / 2, then lr
         f"data.val_files=[{assets / 'test.jsonl'}]",
         "trainer.val_before_train=true",
         *extra,
@@ -89,7 +90,8 @@ def test_rl_starts_from_the_sft_weights_and_resumes_across_the_boundary(
     # prompts (0.0, test_sft_lifts_the_first_validation_on_vllm), the SFT model 3 or more. How
     # many more depends on the CPU's dtype (3 in float32 on an AVX2-only CPU, 4-5 in bf16).
     assert rl_rows[0]["val/reward_mean"] >= 0.25
-    assert rl_rows[1]["actor/lr"] == 1e-3  # the small config's actor.optim.lr, back after SFT
+    # The small config's actor.optim.lr back after SFT, its warm-up from the start: step 1 of 2.
+    assert rl_rows[1]["actor/lr"] == 5e-4
     # The reference became the SFT model: the first update's KL (before its optimizer step, on
     # the same weights) is nil, where the model before SFT would be far from it.
     assert (sft_dir(whole) / "hf_model" / "config.json").is_file()

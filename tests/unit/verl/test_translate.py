@@ -273,3 +273,20 @@ def test_the_entry_point_refuses_before_anything_starts(
     err = capsys.readouterr().err
     assert "2 overrides of verl's dialect have no counterpart here" in err
     assert "trainer.logger=[mlflow]: loggers ['mlflow']" in err
+
+
+def test_warm_up_ratios_become_steps_of_the_run() -> None:
+    translation = translate(
+        [
+            "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+            "critic.optim.lr_warmup_steps_ratio=0.05",
+            "critic.optim.lr_warmup_steps=3",  # a positive count wins over the ratio, as in verl
+            "trainer.total_training_steps=40",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",  # verl's "use the ratio"
+        ]
+    )
+    assert translation.refused == []
+    cfg = compose("config", translation.overrides)
+    apply(translation, cfg)
+    assert cfg.actor.optim.lr_warmup_steps == 4  # 0.1 x 40
+    assert cfg.critic.optim.lr_warmup_steps == 3

@@ -17,7 +17,8 @@ from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.workers.config import CriticConfig, CriticOptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig
-from hybrid.workers.value import ValueTrainer, compute_values, warmup_scheduler
+from hybrid.workers.fsdp import warmup_scheduler
+from hybrid.workers.value import ValueTrainer, compute_values
 
 pytestmark = pytest.mark.unit
 
