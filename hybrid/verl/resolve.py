@@ -33,6 +33,8 @@ def apply(translation: Translation, cfg: DictConfig) -> list[str]:
             f"{steps_field}={owner.lr_warmup_steps} ({ratio} x trainer.total_steps "
             f"{cfg.trainer.total_steps})"
         )
+    if translation.fsdp_size is not None:
+        lines.append(shard_groups(cfg, translation.fsdp_size))
     if translation.derive_max_model_len:
         total = int(cfg.rollout.prompt_length) + int(cfg.rollout.response_length)
         cfg.rollout.max_model_len = total
@@ -58,6 +60,22 @@ def steps_for_epochs(cfg: DictConfig, epochs: int) -> tuple[int, int, int]:
             f"data.train_batch_size ({batch})"
         )
     return epochs * (rows // batch), rows, batch
+
+
+def shard_groups(cfg: DictConfig, fsdp_size: int) -> str:
+    """actor.hsdp_replicas from verl's fsdp_size: the training workers in groups of it."""
+    t = cfg.trainer
+    workers = int(t.num_workers if t.mode == "colocated" else t.num_trainer_workers)
+    if workers % fsdp_size:
+        raise ValueError(
+            f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size} must divide the "
+            f"training workers ({workers})"
+        )
+    cfg.actor.hsdp_replicas = workers // fsdp_size
+    return (
+        f"actor.hsdp_replicas={workers // fsdp_size} (fsdp_size {fsdp_size}: {workers} "
+        "training workers in shard groups of that many)"
+    )
 
 
 def count_rows(path: Path) -> int:

@@ -288,8 +288,9 @@ TABLE: dict[str, Entry] = {
     "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": only(
         (True,), "FSDP2 reshards after the forward", "keeping the gathered weights is not built"
     ),
-    "actor_rollout_ref.actor.fsdp_config.fsdp_size": only(
-        (-1,), "every training worker shards the model", "set actor.hsdp_replicas instead"
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": Derived(
+        "-1: every training worker shards the model; N: HSDP, actor.hsdp_replicas = the "
+        "training workers / N (shard groups of N consecutive ranks)"
     ),
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": any_value(
         "FSDP2 prefetches the next unit itself"

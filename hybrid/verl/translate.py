@@ -90,6 +90,8 @@ class Translation:
     epochs: int | None = None
     """trainer.total_epochs, when steps are to be counted from the training file."""
     derive_max_model_len: bool = False
+    fsdp_size: int | None = None
+    """verl's shard group size, to become actor.hsdp_replicas once the workers are known."""
     warmup_ratios: dict[str, float] = field(default_factory=dict)
     """Our lr_warmup_steps field -> verl's ratio of the run's steps (settled once composed)."""
     set_names: frozenset[str] = frozenset()
@@ -444,6 +446,22 @@ def _warmup_ratios(derived: dict[str, Any], ours: dict[str, Any], out: Translati
             out.warmup_ratios[steps_field] = float(ratio)
 
 
+def _shard_groups(derived: dict[str, Any], ours: dict[str, Any], out: Translation) -> None:
+    """verl's fsdp_size (ranks per shard group) is our replica count over the workers."""
+    size = derived.get("actor_rollout_ref.actor.fsdp_config.fsdp_size")
+    if size is None or int(size) == -1:
+        return
+    if int(size) < 1:
+        out.refuse("actor_rollout_ref.actor.fsdp_config.fsdp_size", "must be -1 or >= 1")
+    elif "actor.hsdp_replicas" in ours:
+        out.refuse(
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+            "set it or actor.hsdp_replicas, not both",
+        )
+    else:
+        out.fsdp_size = int(size)
+
+
 DERIVATIONS: tuple[Derivation, ...] = (
     _resources,
     _lengths,
@@ -453,6 +471,7 @@ DERIVATIONS: tuple[Derivation, ...] = (
     _model_config_changes,
     _epochs,
     _warmup_ratios,
+    _shard_groups,
 )
 
 

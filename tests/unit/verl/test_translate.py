@@ -290,3 +290,23 @@ def test_warm_up_ratios_become_steps_of_the_run() -> None:
     apply(translation, cfg)
     assert cfg.actor.optim.lr_warmup_steps == 4  # 0.1 x 40
     assert cfg.critic.optim.lr_warmup_steps == 3
+
+
+def test_fsdp_size_becomes_replicas_over_the_training_workers() -> None:
+    translation = translate(
+        [
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=4",
+        ]
+    )
+    assert translation.refused == [] and translation.fsdp_size == 4
+    cfg = compose("config", translation.overrides)
+    lines = apply(translation, cfg)
+    assert cfg.actor.hsdp_replicas == 2  # 8 workers in shard groups of 4
+    assert any(line.startswith("actor.hsdp_replicas=2") for line in lines)
+    odd = translate(
+        ["actor_rollout_ref.actor.fsdp_config.fsdp_size=3", "trainer.n_gpus_per_node=4"]
+    )
+    with pytest.raises(ValueError, match="fsdp_size=3 must divide the training workers"):
+        apply(odd, compose("config", odd.overrides))
