@@ -151,6 +151,20 @@ def split_explorers(config: TrainerRunConfig) -> list[str]:
     ]
 
 
+def split_prompts_over_explorers(config: TrainerRunConfig) -> list[str]:
+    """Split: a step's prompts go to the explorers in equal shares, each putting its own
+    groups into the buffer; an uneven batch would be padded with repeated prompts, whose
+    groups the buffer refuses as already held (fully_async streams its rows instead)."""
+    t, prompts = config.trainer, config.data.train_batch_size
+    if t.mode != "split" or prompts % t.num_explorer_workers == 0:
+        return []
+    return [
+        f"data.train_batch_size ({prompts}) must be divisible by trainer.num_explorer_workers "
+        f"({t.num_explorer_workers}) with trainer.mode=split: every explorer generates an "
+        "equal share of a step's prompts"
+    ]
+
+
 def split_nodes(config: TrainerRunConfig) -> list[str]:
     """Split over several nodes: each group fills whole nodes of trainer.n_gpus_per_node
     workers."""
@@ -436,6 +450,7 @@ RULES: tuple[Rule, ...] = (
     sequence_parallel_features,
     colocated_placement,
     split_explorers,
+    split_prompts_over_explorers,
     split_nodes,
     split_trainer_mesh,
     checkpoint_sync_dir,

@@ -58,6 +58,17 @@ def test_the_trainer_group_size_sets_the_divisibility_rule() -> None:
         split_config("trainer.num_trainer_workers=3")
 
 
+def test_a_step_s_prompts_split_evenly_over_the_explorers() -> None:
+    # 16 prompts over 3 explorers would be padded with repeated prompts, whose groups the
+    # buffer refuses as already held.
+    with pytest.raises(ValueError, match=r"divisible by trainer\.num_explorer_workers \(3\)"):
+        split_config("trainer.num_explorer_workers=3", "trainer.num_workers=4")
+    config = split_config(
+        "trainer.num_explorer_workers=3", "trainer.num_workers=4", "data.train_batch_size=48"
+    )
+    assert config.data.train_batch_size % config.trainer.num_explorer_workers == 0
+
+
 def test_the_fully_async_sizes() -> None:
     config = split_config(
         "trainer.mode=fully_async",
