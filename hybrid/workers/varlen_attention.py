@@ -13,6 +13,8 @@ unchanged, so `sdpa_varlen` can stand in for `sdpa` everywhere.
 from __future__ import annotations
 
 import itertools
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +45,71 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 def bounds_from_cu_seqlens(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
     """(start, end) of each packed sequence from its (n + 1,) cumulative starts."""
     return list(itertools.pairwise(cu_seqlens.tolist()))
+
+
+@dataclass
+class PackedLayout:
+    """Where a packed row's sequences start and end, read on the host once per forward pass
+    (every decoder layer gets the same `cu_seq_lens_q` / `position_ids` tensors, so the second
+    layer on finds it here instead of syncing with the device again), and the block-causal
+    mask of a short pack, built on its first use."""
+
+    sources: tuple[weakref.ref[torch.Tensor] | None, ...]
+    versions: tuple[int, ...]
+    tokens: int
+    bounds: list[tuple[int, int]]
+    _masks: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+
+    def describes(self, tensors: tuple[torch.Tensor | None, ...], tokens: int) -> bool:
+        """The same tensors, unchanged in place, for a row of the same length."""
+        if tokens != self.tokens or len(tensors) != len(self.sources):
+            return False
+        for tensor, source, version in zip(tensors, self.sources, self.versions, strict=True):
+            held = None if source is None else source()
+            if held is not tensor or (tensor is not None and tensor._version != version):
+                return False
+        return True
+
+    def block_mask(self, device: torch.device) -> torch.Tensor:
+        """(T, T) bool: causal within each sequence, nothing across them."""
+        if device not in self._masks:
+            sequence = torch.cat(
+                [
+                    torch.full((end - start,), i, device=device)
+                    for i, (start, end) in enumerate(self.bounds)
+                ]
+            )
+            causal = torch.ones(len(sequence), len(sequence), dtype=torch.bool, device=device)
+            self._masks[device] = causal.tril() & (sequence[:, None] == sequence[None, :])
+        return self._masks[device]
+
+
+_last_layout: PackedLayout | None = None
+"""The layout of the row the current forward pass attends over (one pass at a time per
+process; a stale one never matches: its tensors are gone or differ)."""
+
+
+def packed_layout(
+    cu_seqlens: torch.Tensor | None, position_ids: torch.Tensor | None, tokens: int
+) -> PackedLayout:
+    """The row's sequence bounds: from `cu_seqlens` when they cover its `tokens`, else read off
+    the position ids; computed on the first layer of a pass, reused by the others."""
+    global _last_layout
+    tensors = (cu_seqlens, position_ids)
+    if _last_layout is not None and _last_layout.describes(tensors, tokens):
+        return _last_layout
+    bounds = bounds_from_cu_seqlens(cu_seqlens) if cu_seqlens is not None else None
+    if bounds is None or bounds[-1][1] != tokens:
+        # Bounds of another row (a caller that passed them for other tokens) fall back too.
+        assert position_ids is not None, "cu_seq_lens_q do not cover the row and no positions"
+        bounds = sequence_bounds(position_ids)
+    _last_layout = PackedLayout(
+        tuple(None if t is None else weakref.ref(t) for t in tensors),
+        tuple(-1 if t is None else t._version for t in tensors),
+        tokens,
+        bounds,
+    )
+    return _last_layout
 
 
 def varlen_sdpa_attention(
@@ -83,26 +150,19 @@ def _attend_packed(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    bounds = bounds_from_cu_seqlens(cu_seqlens) if cu_seqlens is not None else None
-    if bounds is None or bounds[-1][1] != query.shape[2]:
-        # Bounds of another row (a caller that passed them for other tokens) fall back too.
-        assert position_ids is not None, "cu_seq_lens_q do not cover the row and no positions"
-        bounds = sequence_bounds(position_ids)
+    layout = packed_layout(cu_seqlens, position_ids, query.shape[2])
+    bounds = layout.bounds
     gqa = query.shape[1] != key.shape[1]
     dropout_p = dropout if module.training else 0.0
     if query.shape[2] <= DENSE_MAX_TOKENS:
-        sequence = torch.cat(
-            [
-                torch.full((end - start,), i, device=query.device)
-                for i, (start, end) in enumerate(bounds)
-            ]
-        )
-        causal = torch.ones(
-            len(sequence), len(sequence), dtype=torch.bool, device=query.device
-        ).tril()
-        mask = causal & (sequence[:, None] == sequence[None, :])
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scaling, enable_gqa=gqa
+            query,
+            key,
+            value,
+            attn_mask=layout.block_mask(query.device),
+            dropout_p=dropout_p,
+            scale=scaling,
+            enable_gqa=gqa,
         )
         return out.transpose(1, 2).contiguous(), None
     segments = [

@@ -3,6 +3,8 @@ the same log-probs, entropies and gradients on a real (tiny, unsharded) HF model
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -176,3 +178,41 @@ def test_varlen_attention_equals_the_dense_block_mask(
 def test_sequence_bounds_split_where_positions_restart() -> None:
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]])
     assert varlen_attention.sequence_bounds(positions) == [(0, 3), (3, 5), (5, 6), (6, 10)]
+
+
+@pytest.mark.parametrize("dense_max_tokens", [0, 1024], ids=["per sequence", "one masked call"])
+def test_a_pass_reads_the_packed_bounds_once_not_per_layer(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    dense_max_tokens: int,
+) -> None:
+    """The bounds come off the device (a host sync on a GPU) on the first layer of a forward;
+    the other layers reuse them, and the short pack's block mask, built once."""
+    monkeypatch.setattr(varlen_attention, "DENSE_MAX_TOKENS", dense_max_tokens)
+    config = TinyModelConfig.preset("tiny", dtype="float32")
+    path = build_tiny_model(tmp_path_factory.mktemp("varlen_once"), config, seed=0)
+    varlen = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=varlen_attention.register()
+    )
+    assert varlen.config.num_hidden_layers > 1
+    reads = {"bounds": 0, "masks": 0}
+    for name, key in (("bounds_from_cu_seqlens", "bounds"), ("sequence_bounds", "bounds")):
+        original = getattr(varlen_attention, name)
+
+        def counted(*args: Any, _original: Any = original, _key: str = key) -> Any:
+            reads[_key] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(varlen_attention, name, counted)
+    block_mask = varlen_attention.PackedLayout.block_mask
+
+    def counted_mask(layout: varlen_attention.PackedLayout, device: torch.device) -> torch.Tensor:
+        reads["masks"] += device not in layout._masks
+        return block_mask(layout, device)
+
+    monkeypatch.setattr(varlen_attention.PackedLayout, "block_mask", counted_mask)
+    variant = VARIANTS["packed, chunked"]
+    score_responses(varlen, ragged_batch(), variant, with_entropy=True)
+    micro_batches = 6 // variant.micro_batch_size  # the ragged batch's 6 rows
+    assert reads["bounds"] == micro_batches
+    assert reads["masks"] == (micro_batches if dense_max_tokens else 0)
