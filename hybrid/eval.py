@@ -21,7 +21,6 @@ import ast
 import inspect
 import itertools
 import sys
-import traceback
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -32,11 +31,10 @@ from omegaconf import OmegaConf
 from hybrid.controller.errors import StallError, WorkerCallError
 from hybrid.evaluation.config import EvalConfig
 from hybrid.rewards.manager import RewardError
-from hybrid.trainer.console import configure_logging
+from hybrid.trainer.console import INPUT_ERRORS, configure_logging
+from hybrid.trainer.console import stop as stop_with
 from hybrid.trainer.schema import from_dict
 
-INPUT_ERRORS = (ValueError, FileNotFoundError)
-"""Bad arguments, files or rows: the message names the field, file or row (exit code 2)."""
 RUN_ERRORS = (RewardError, StallError, WorkerCallError)
 """What stops an evaluation under way: the row, the phase or the worker named (exit code 1)."""
 LIST_FIELDS = ("data", "k")
@@ -98,15 +96,8 @@ def usage() -> str:
 
 
 def stop(error: BaseException, output_dir: str | None, code: int) -> NoReturn:
-    """One line instead of a traceback; the traceback goes to output_dir/logs/error.txt."""
-    where = ""
-    if output_dir is not None:
-        path = Path(output_dir) / "logs" / "error.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(traceback.format_exception(error)))
-        where = f" (traceback: {path})"
-    print(f"hybrid-eval: {error}{where}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    """One line instead of a traceback (hybrid.trainer.console.stop)."""
+    stop_with("hybrid-eval", error, output_dir, code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
-from pathlib import Path
 from typing import NoReturn
 
 import hydra
@@ -32,7 +30,14 @@ from hybrid.rewards.manager import RewardError
 from hybrid.trainer.compose import CONFIG_DIR as CONFIG_PATH
 from hybrid.trainer.compose import register_schema, to_run_config
 from hybrid.trainer.config import TrainerRunConfig
-from hybrid.trainer.console import configure_logging, final_summary, print_lines, run_log_dir
+from hybrid.trainer.console import (
+    INPUT_ERRORS,
+    configure_logging,
+    final_summary,
+    print_lines,
+    run_log_dir,
+)
+from hybrid.trainer.console import stop as stop_with
 from hybrid.trainer.demo_assets import build_missing_demo_assets, demo_notice
 from hybrid.trainer.loop import Driver
 from hybrid.verl.resolve import apply as settle_verl_names
@@ -60,21 +65,9 @@ CONFIG_DIR = str(CONFIG_PATH)
 register_schema()
 
 
-INPUT_ERRORS = (ValueError, FileNotFoundError)
-"""What validating the config and reading the model, data and reward files raise on bad input:
-the message names the field, file or row."""
-
-
 def stop(error: BaseException, out: str | None, code: int) -> NoReturn:
-    """One line a user reads instead of a traceback; the traceback goes to the run's logs."""
-    where = ""
-    if out is not None:
-        path = Path(out) / "logs" / "error.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(traceback.format_exception(error)))
-        where = f" (traceback: {path})"
-    print(f"hybrid: {error}{where}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    """One line instead of a traceback (hybrid.trainer.console.stop)."""
+    stop_with("hybrid", error, out, code)
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")

@@ -25,11 +25,12 @@ from typing import Any, Literal
 
 import torch
 
+from hybrid.models import TOKENIZER_FILES, has_tokenizer
+
 RUN_EXPORT_DIR = "hf_model"
 """Where a run writes its exported actor (output_dir/hf_model)."""
 CONVERTED_DIR = "hf_model"
 """Where a converted checkpoint goes, under the evaluation's output_dir."""
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _DCP_METADATA = ".metadata"
 _MODEL_PREFIX = "model."
 """The actor's tensors in a checkpoint's flattened state dict (hybrid/workers/checkpoint.py)."""
@@ -87,7 +88,7 @@ def check_hf_dir(path: Path, given: str) -> None:
     weights = [*path.glob("*.safetensors"), *path.glob("pytorch_model*.bin")]
     if not weights:
         raise ValueError(f"model: {path} has a config.json but no weights (*.safetensors)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(path):
         raise ValueError(
             f"model: {path} has no tokenizer (one of {list(TOKENIZER_FILES)}): the prompts are "
             f"templated with the model's own tokenizer; save it beside the weights ({given})"

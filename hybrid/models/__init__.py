@@ -15,7 +15,9 @@ from hybrid.models.tiny import (
     qwen2_config,
 )
 from hybrid.models.tokenizer import (
+    TOKENIZER_FILES,
     build_tokenizer,
+    has_tokenizer,
     load_tokenizer,
     unknown_characters,
     vocab_size,
@@ -23,11 +25,13 @@ from hybrid.models.tokenizer import (
 
 __all__ = [
     "ARCHITECTURES",
+    "TOKENIZER_FILES",
     "Architecture",
     "TinyModelConfig",
     "build_tiny_model",
     "build_tokenizer",
     "count_parameters",
+    "has_tokenizer",
     "hf_config",
     "init_state_dict",
     "load_tokenizer",

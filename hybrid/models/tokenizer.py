@@ -151,6 +151,15 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | Path) -
     (output_dir / "special_tokens_map.json").write_text(special_map + "\n", encoding="utf-8")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""A Hugging Face model directory holds at least one of these for its tokenizer."""
+
+
+def has_tokenizer(directory: str | Path) -> bool:
+    """Whether `directory` holds a tokenizer's files."""
+    return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a model directory (local files only, never the hub)."""
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

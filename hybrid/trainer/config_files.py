@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hybrid.model_families import check_expert_count, check_family, is_vision, num_experts
+from hybrid.models import TOKENIZER_FILES, has_tokenizer
 from hybrid.rewards.judge import load_template
 from hybrid.trainer.config import MODEL_PATH_UNSET, TrainerRunConfig
 from hybrid.trainer.config_derived import use_critic
@@ -77,10 +78,6 @@ def check_vision_run(config: TrainerRunConfig, model_dir: Path, where: str) -> N
         raise ValueError(
             f"{where} is a vision-language model, which does not run with: " + "; ".join(named)
         )
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""A Hugging Face model directory holds at least one of these for its tokenizer."""
 
 
 def check_moe_fields(actor: ActorConfig, model_config: dict[str, Any], where: str) -> None:
@@ -150,7 +147,7 @@ def check_model_dir(field_name: str, path: str) -> dict[str, Any] | None:
     except json.JSONDecodeError as e:
         raise ValueError(f"{field_name}: {config_file} is not valid JSON ({e})") from None
     check_family(model_config, f"{field_name} ({config_file})")
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(directory):
         raise ValueError(
             f"{field_name}: {path} has no tokenizer files (one of {list(TOKENIZER_FILES)}); "
             f"save the tokenizer beside the model"

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich import get_console
 from rich.console import Console
@@ -352,3 +354,21 @@ def configure_logging(verbose: bool, log_dir: Path | None) -> None:
     to_console.addFilter(shown_on_console)
     to_console.addFilter(OnceFilter())
     logging.basicConfig(level=logging.INFO, handlers=[to_file, to_console], force=True)
+
+
+INPUT_ERRORS = (ValueError, FileNotFoundError)
+"""What the entry points' checks of the config, the model, the data and the reward files raise
+on bad input: the message names the field, file or row (exit code 2)."""
+
+
+def stop(program: str, error: BaseException, output_dir: str | None, code: int) -> NoReturn:
+    """One line a user reads instead of a traceback (`program: error`); the traceback goes to
+    output_dir/logs/error.txt once the output directory is known."""
+    where = ""
+    if output_dir is not None:
+        path = Path(output_dir) / "logs" / "error.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(error)))
+        where = f" (traceback: {path})"
+    print(f"{program}: {error}{where}", file=sys.stderr, flush=True)
+    raise SystemExit(code)

@@ -28,7 +28,7 @@ from hybrid.data import Batch
 from hybrid.dtypes import resolve_dtype
 from hybrid.memory.components import ByDevice, parameter_bytes
 from hybrid.memory.ledger import process_ledger
-from hybrid.models import load_tokenizer
+from hybrid.models import TOKENIZER_FILES, has_tokenizer, load_tokenizer
 from hybrid.rewards.config import RewardModelConfig
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.frozen import build_frozen_model
@@ -37,7 +37,6 @@ from hybrid.workers.value import head_scores
 
 HEAD_KEY = "score.weight"
 """The sequence classifier's head (Qwen2, Llama, Mistral ...: a linear layer without bias)."""
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def check_reward_model(config: RewardModelConfig) -> None:
@@ -83,7 +82,7 @@ def check_reward_model(config: RewardModelConfig) -> None:
         )
     tokenizer_dir = config.tokenizer_path or path
     field = "reward.model.tokenizer_path" if config.tokenizer_path else "reward.model.path"
-    if not any((Path(tokenizer_dir) / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(tokenizer_dir):
         raise ValueError(
             f"{field}={tokenizer_dir!r} has no tokenizer files (one of {list(TOKENIZER_FILES)}):"
             " save the reward model's tokenizer beside it, or set reward.model.tokenizer_path "

@@ -12,24 +12,24 @@ import pytest
 
 from hybrid.trainer.compose import compose, to_run_config
 from hybrid.verl.overrides import parse_overrides, render
+from hybrid.verl.page import SCRIPTS_DIR
+from hybrid.verl.page import script_overrides as overrides_in
 from hybrid.verl.resolve import apply, steps_for_epochs
 from hybrid.verl.table import PREFIXES, TABLE, Derived, Refused, Row
 from hybrid.verl.translate import is_ours, translate, verl_schema
 
 pytestmark = pytest.mark.unit
 
-SCRIPTS = Path(__file__).parents[2] / "assets" / "verl_scripts"
 RUNNABLE = ("grpo_qwen2-7b", "ppo_gemma", "grpo_lora_qwen2_5-3b")
 """The scripts the integration test runs on CPU: translated with no refusal."""
 
 
 def script_overrides(name: str) -> list[str]:
-    lines = (SCRIPTS / f"{name}.txt").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return overrides_in(SCRIPTS_DIR / f"{name}.txt")
 
 
 def all_scripts() -> list[str]:
-    return sorted(p.stem for p in SCRIPTS.glob("*.txt"))
+    return sorted(p.stem for p in SCRIPTS_DIR.glob("*.txt"))
 
 
 def test_the_scripts_cover_the_modes() -> None:
@@ -238,7 +238,7 @@ def test_every_table_row_names_fields_that_exist() -> None:
 
 
 def test_the_page_shows_the_table_and_the_scripts_as_they_are() -> None:
-    from hybrid.verl.page import SCRIPTS_DIR, rewrite, scripts_markdown, table_markdown
+    from hybrid.verl.page import rewrite, scripts_markdown, table_markdown
 
     page = Path(__file__).parents[3] / "docs" / "verl.md"
     expected = rewrite(page, {"table": table_markdown(), "scripts": scripts_markdown(SCRIPTS_DIR)})
