@@ -178,6 +178,7 @@ def startup_summary(
             f"gather {c.sync.gather}",
         ),
         *(("engine", note) for note in facts.get("weight_notes", [])),
+        ("kernels", str(facts["kernels"])) if facts.get("kernels") else None,
         (
             (
                 "schedule",

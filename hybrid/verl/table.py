@@ -145,6 +145,20 @@ def _resume(value: Any) -> str:
     )
 
 
+def _on_off(value: Any) -> str:
+    return "on" if _flag(value) else "off"
+
+
+def _auto_off(value: Any) -> str:
+    return "auto" if _flag(value) else "off"
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise Unsupported(f"expected true or false, got {value!r}")
+    return value
+
+
 def _adv_estimator(value: Any) -> str:
     known = ("grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
     if value not in known:
@@ -195,8 +209,11 @@ TABLE: dict[str, Entry] = {
     "actor_rollout_ref.model.enable_activation_offload": only(
         (False,), "activations stay on the device", "activation offload is not built"
     ),
-    "actor_rollout_ref.model.use_liger": only(
-        (False,), "the model's own kernels", "liger-kernel is not wired into the update yet"
+    "actor_rollout_ref.model.use_liger": renamed(
+        ("actor.fused_kernels", "ref.fused_kernels"),
+        _on_off,
+        "true: on (liger-kernel's fused ops; refused where liger, CUDA or the family is "
+        "missing), false: off",
     ),
     "actor_rollout_ref.model.use_fused_kernels": only(
         (False,),
@@ -245,8 +262,8 @@ TABLE: dict[str, Entry] = {
         "mini-batches are taken in the batch's balanced order"
     ),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": same("actor.sp_size"),
-    "actor_rollout_ref.actor.use_torch_compile": any_value(
-        "the update runs eagerly; compiled blocks are not built yet"
+    "actor_rollout_ref.actor.use_torch_compile": renamed(
+        "actor.compile", _auto_off, "true: auto (compiled decoder layers on CUDA), false: off"
     ),
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": any_value(
         "log-probs and entropies are taken in chunks always (model.log_prob_chunk_tokens)"
@@ -324,7 +341,9 @@ TABLE: dict[str, Entry] = {
     "actor_rollout_ref.ref.strategy": only(
         ("fsdp", "fsdp2"), "the reference is FSDP2 here", "only FSDP2 is built (no Megatron)"
     ),
-    "actor_rollout_ref.ref.use_torch_compile": any_value("the reference runs eagerly"),
+    "actor_rollout_ref.ref.use_torch_compile": renamed(
+        "ref.compile", _auto_off, "true: auto (compiled decoder layers on CUDA), false: off"
+    ),
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking": any_value(
         "the reference takes no entropy"
     ),

@@ -38,6 +38,8 @@ from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, warmup_scheduler
+from hybrid.workers.grad_reduce import reduces_once_per_step
+from hybrid.workers.kernels import plan_for_model
 from hybrid.workers.lora import adapter_spec, adapters_disabled, expert_adapters
 from hybrid.workers.parallel import ParallelState, init_trainer_parallel
 from hybrid.workers.policy import PolicyTrainer
@@ -57,6 +59,8 @@ class WorkerFacts(TypedDict):
     actor_dtype: Dtype
     ref_dtype: Dtype
     rollout_dtype: Dtype
+    kernels: str
+    """The actor's fused ops and compiled layers (hybrid.workers.kernels)."""
     sync_strategy: str
     weight_layout: str
     weight_notes: list[str]
@@ -75,6 +79,7 @@ class ActorWorker(Worker):
         device = self.parallel.device
         self.hardware = Hardware.detect(device)
         self.dtypes: ComputeDtypes = c.compute_dtypes(self.hardware)
+        self.kernels = plan_for_model("actor", c.actor, c.model.path, device)
         self.model = build_fsdp_model(
             c.model.path,
             self.parallel.fsdp_mesh,
@@ -88,6 +93,7 @@ class ActorWorker(Worker):
             expert_mesh=self.parallel.expert_mesh,
             sp_size=self.parallel.sp_size,
             freeze_vision_tower=c.model.freeze_vision_tower,
+            kernels=self.kernels,
         )
         vision = vision_family(self.model, c.model.path)
         a, optim = c.actor, c.actor.optim
@@ -119,6 +125,7 @@ class ActorWorker(Worker):
             "actor.ppo_max_token_len_per_gpu",
             sp=self.parallel.sp,
             vision=vision,
+            fused_head=self.kernels.fused_head,
         )
         self.log_prob_pass = pass_config(
             c.model,
@@ -128,6 +135,7 @@ class ActorWorker(Worker):
             "actor.log_prob_max_token_len_per_gpu",
             sp=self.parallel.sp,
             vision=vision,
+            fused_head=self.kernels.fused_head,
         )
         self.ref_pass = pass_config(
             c.model,
@@ -137,6 +145,7 @@ class ActorWorker(Worker):
             "ref.log_prob_max_token_len_per_gpu",
             sp=self.parallel.sp,
             vision=vision,
+            fused_head=self.kernels.fused_head,
         )
         routers = find_routers(self.model)
         self.routing = MoeRouting(routers) if routers else None
@@ -151,6 +160,9 @@ class ActorWorker(Worker):
             self.routing,
             self.parallel.data_parallel_group,
             warmup_scheduler(self.optimizer, optim.lr_warmup_steps),
+            reduce_once=reduces_once_per_step(
+                a.grad_reduce, lora=lora.enabled, world=self.parallel.fsdp_mesh.size()
+            ),
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
         self.sft = SftTrainer(
@@ -191,6 +203,7 @@ class ActorWorker(Worker):
             "actor_dtype": self.dtypes.actor,
             "ref_dtype": self.dtypes.ref,
             "rollout_dtype": self.dtypes.rollout,
+            "kernels": self.kernels.describe(),
             "sync_strategy": "",
             "weight_layout": "",
             "weight_notes": [],

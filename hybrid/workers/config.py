@@ -49,6 +49,7 @@ from hybrid.rollout.config import RolloutConfig
 from hybrid.sharding.config import SyncConfig
 from hybrid.validation import check_choice, check_positive, check_range
 from hybrid.workers.attention import ATTN_CHOICES, AttnChoice
+from hybrid.workers.grad_reduce import GRAD_REDUCE_CHOICES, GradReduce
 
 LossAggMode = Literal[
     "token-mean",
@@ -204,11 +205,36 @@ class MicroBatching:
         check_positive(owner, micro_batch_size=self.micro_batch_size, **budgets)
 
 
+KernelChoice = Literal["auto", "on", "off"]
+KERNEL_CHOICES: tuple[KernelChoice, ...] = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class ModelKernels:
+    """Base of the model members' configs (actor, ref, critic, distill): which faster kernels
+    their model runs. Flat in the owner (`actor.fused_kernels`, `actor.compile`)."""
+
+    fused_kernels: KernelChoice = "auto"
+    """liger-kernel's fused RMSNorm, rotary embedding and SwiGLU MLP, and its fused linear
+    log-prob head (hybrid.workers.fused_kernels): auto = on where the model runs on CUDA,
+    liger-kernel is installed and covers the model's family, else off; on = required (an
+    error says which of the three is missing)."""
+    compile: KernelChoice = "auto"
+    """torch.compile each decoder layer once, dynamic shapes (hybrid.workers.compiled_blocks):
+    auto = on for a dense text model on CUDA, off elsewhere (a failing compile falls back to
+    eager with a warning naming the layer); on = required (a failing compile is an error
+    naming the layer); off = eager."""
+
+    def check_kernels(self, owner: str) -> None:
+        check_choice(owner, "fused_kernels", self.fused_kernels, KERNEL_CHOICES)
+        check_choice(owner, "compile", self.compile, KERNEL_CHOICES)
+
+
 RouterReplay = Literal["off", "measure", "record", "rollout"]
 
 
 @dataclass(frozen=True)
-class ActorConfig(MicroBatching):
+class ActorConfig(MicroBatching, ModelKernels):
     """The FSDP2 policy: its optimizer, precision and offload, the PPO loss, micro-batches."""
 
     TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = (
@@ -286,6 +312,12 @@ class ActorConfig(MicroBatching):
     like every other weight. Must divide the trainer's workers and the number of experts;
     the reference, critic and teacher share the mesh."""
 
+    grad_reduce: GradReduce = "auto"
+    """When gradients are reduce-scattered (hybrid.workers.grad_reduce): step (once per
+    optimizer step; every rank holds the whole unsharded fp32 gradient meanwhile),
+    micro_batch (after each micro-batch's backward, as verl), or auto (step with LoRA or on
+    one rank, micro_batch otherwise)."""
+
     sp_size: int = 1
     """Ulysses sequence parallelism (docs/long-context.md): groups of sp consecutive workers
     split each packed sequence, attention by all-to-all, so one rank holds 1 / sp of a
@@ -297,6 +329,7 @@ class ActorConfig(MicroBatching):
         self.optim.check("actor.optim")
         self.precision.check("actor.precision")
         self.check_micro_batches("actor")
+        self.check_kernels("actor")
         check_positive(
             "actor", hsdp_replicas=self.hsdp_replicas, ep_size=self.ep_size, sp_size=self.sp_size
         )
@@ -316,12 +349,13 @@ class ActorConfig(MicroBatching):
         if self.tis_cap is not None:
             check_positive("actor", tis_cap=self.tis_cap)
         check_choice("actor", "router_replay", self.router_replay, get_args(RouterReplay))
+        check_choice("actor", "grad_reduce", self.grad_reduce, GRAD_REDUCE_CHOICES)
         if self.moe_aux_loss_coef < 0:
             raise ValueError(f"actor.moe_aux_loss_coef must be >= 0, got {self.moe_aux_loss_coef}")
 
 
 @dataclass(frozen=True)
-class RefConfig(MicroBatching):
+class RefConfig(MicroBatching, ModelKernels):
     """The frozen reference policy (a KL's other side): its dtype, offload, micro-batches."""
 
     TOKEN_BUDGETS: ClassVar[tuple[str, ...]] = ("log_prob_max_token_len_per_gpu",)
@@ -338,6 +372,7 @@ class RefConfig(MicroBatching):
     def __post_init__(self) -> None:
         self.precision.check("ref.precision")
         self.check_micro_batches("ref")
+        self.check_kernels("ref")
 
 
 @dataclass(frozen=True)
@@ -348,7 +383,7 @@ class CriticModelConfig:
 
 
 @dataclass(frozen=True)
-class CriticConfig(MicroBatching):
+class CriticConfig(MicroBatching, ModelKernels):
     """The value model of PPO with a critic (algorithm.adv_estimator=gae): the decoder of
     `model.path` with a scalar head, trained with the clipped value loss."""
 
@@ -382,12 +417,13 @@ class CriticConfig(MicroBatching):
         self.optim.check("critic.optim")
         self.precision.check("critic.precision")
         self.check_micro_batches("critic")
+        self.check_kernels("critic")
         check_positive("critic", cliprange_value=self.cliprange_value, ppo_epochs=self.ppo_epochs)
         check_choice("critic", "loss_agg_mode", self.loss_agg_mode, get_args(LossAggMode))
 
 
 @dataclass(frozen=True)
-class DistillConfig(MicroBatching):
+class DistillConfig(MicroBatching, ModelKernels):
     """On-policy distillation (`distill`): a frozen teacher, any Hugging Face causal LM that
     reads the student's token ids, scores the tokens the student sampled; the per-token reverse
     KL becomes the advantage, alone or plus the task reward's (hybrid/algorithms/distill.py,
@@ -423,6 +459,7 @@ class DistillConfig(MicroBatching):
             raise ValueError(f"{owner}.teacher_path is empty: a model directory, or null for none")
         self.precision.check(f"{owner}.precision")
         self.check_micro_batches(owner)
+        self.check_kernels(owner)
         for name in ("coef", "reward_coef"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

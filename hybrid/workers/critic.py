@@ -31,6 +31,7 @@ from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.forward import pass_config
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, warmup_scheduler
+from hybrid.workers.kernels import plan_for_model
 from hybrid.workers.parallel import init_trainer_parallel
 from hybrid.workers.value import ValueTrainer, compute_values
 
@@ -80,6 +81,7 @@ class CriticWorker(Worker):
         dtype = resolve_dtype(precision.param_dtype, "trainer", Hardware.detect(self.device))
         if critic.model.path is None:
             raise ValueError("critic.model.path is unresolved (the trainer sets the actor's)")
+        self.kernels = plan_for_model("critic", critic, critic.model.path, self.device)
         self.model = build_fsdp_model(
             critic.model.path,
             parallel.fsdp_mesh,
@@ -92,6 +94,7 @@ class CriticWorker(Worker):
             value_head=True,
             expert_mesh=parallel.expert_mesh,
             sp_size=parallel.sp_size,
+            kernels=self.kernels,
         )
         optim = critic.optim
         self.optimizer = build_optimizer(

@@ -44,6 +44,9 @@ class PassConfig:
     """Ulysses sequence parallelism: this rank scores its slice of each packed row."""
     vision: VisionFamily | None = None
     """A vision-language model: micro-batches carry their images (hybrid.workers.vision_inputs)."""
+    fused_head: bool = False
+    """Log-probs without entropy from liger's fused linear cross-entropy (the model's kernel
+    plan fuses its head, hybrid.workers.kernels) instead of the chunked head."""
 
 
 def pass_config(
@@ -54,6 +57,7 @@ def pass_config(
     budget_field: str,
     sp: SpGroup | None = None,
     vision: VisionFamily | None = None,
+    fused_head: bool = False,
 ) -> PassConfig:
     """A rank's pass; under sequence parallelism a micro-batch's token budget is the sp
     group's (each rank holds 1 / sp of it)."""
@@ -66,6 +70,7 @@ def pass_config(
         budget_field=budget_field,
         sp=sp,
         vision=vision,
+        fused_head=fused_head,
     )
 
 
@@ -131,7 +136,12 @@ def _score(
     """(n,) log-probs and entropy at `inputs.score_index`."""
     if config.chunk_tokens:
         with scoring_head(
-            model, inputs.score_index, inputs.labels, config.chunk_tokens, with_entropy
+            model,
+            inputs.score_index,
+            inputs.labels,
+            config.chunk_tokens,
+            with_entropy,
+            fused=config.fused_head,
         ):
             scored = _run(model, inputs)
         return scored[:, 0], scored[:, 1] if with_entropy else None

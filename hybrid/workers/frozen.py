@@ -12,8 +12,9 @@ import torch
 from hybrid.controller.rank_env import RankEnv
 from hybrid.dtypes import Dtype, Hardware, torch_dtype
 from hybrid.sharding.offload import Offloader
-from hybrid.workers.config import HybridWorkerConfig
+from hybrid.workers.config import HybridWorkerConfig, ModelKernels
 from hybrid.workers.fsdp import build_fsdp_model
+from hybrid.workers.kernels import KernelPlan, plan_for_model
 from hybrid.workers.parallel import init_trainer_parallel
 from hybrid.workers.sequence_parallel import SpGroup
 
@@ -26,6 +27,8 @@ class FrozenModel:
     """Moves its parameters off the device between passes (when param_offload is on)."""
     sp: SpGroup | None = None
     """This rank's sequence-parallel group (the passes that split sequences)."""
+    kernels: KernelPlan | None = None
+    """The fused ops and compiled layers it runs (None: eager)."""
 
 
 def build_frozen_model(
@@ -35,10 +38,13 @@ def build_frozen_model(
     dtype_for: Callable[[Hardware], Dtype],
     param_offload: bool,
     value_head: bool = False,
+    kernels: tuple[str, ModelKernels] | None = None,
 ) -> FrozenModel:
     """The model at `path` on this rank's share of the training mesh, stored and computed in
-    `dtype_for(the hardware)`; still on the device (the caller offloads once it is set up)."""
+    `dtype_for(the hardware)`; still on the device (the caller offloads once it is set up).
+    `kernels`: (owner, its fused_kernels / compile settings), or None for eager."""
     parallel = init_trainer_parallel(rank_env, config)
+    plan = None if kernels is None else plan_for_model(*kernels, path, parallel.device)
     dtype = torch_dtype(dtype_for(Hardware.detect(parallel.device)))
     model = build_fsdp_model(
         path,
@@ -51,6 +57,7 @@ def build_frozen_model(
         value_head=value_head,
         expert_mesh=parallel.expert_mesh,
         sp_size=parallel.sp_size,
+        kernels=plan,
     )
     offloader = Offloader(model, None, parallel.device, param_offload, optimizer_offload=False)
-    return FrozenModel(model, parallel.device, offloader, parallel.sp)
+    return FrozenModel(model, parallel.device, offloader, parallel.sp, plan)

@@ -45,8 +45,11 @@ from hybrid.models.state_dict import StateDictAdapter, adapter_for
 from hybrid.sharding.lora_files import hf_name, is_lora_name
 from hybrid.workers import varlen_attention
 from hybrid.workers.attention import AttnChoice, flash_attn_installed, resolve_attn_implementation
+from hybrid.workers.compiled_blocks import compile_blocks
 from hybrid.workers.config import LoraConfig
 from hybrid.workers.expert_parallel import parallelize_experts
+from hybrid.workers.fused_kernels import apply_fused_kernels
+from hybrid.workers.kernels import KernelPlan
 from hybrid.workers.lora import add_adapters, initial_adapter
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -77,6 +80,7 @@ def build_fsdp_model(
     expert_mesh: DeviceMesh | None = None,
     sp_size: int = 1,
     freeze_vision_tower: bool = False,
+    kernels: KernelPlan | None = None,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
@@ -94,7 +98,9 @@ def build_fsdp_model(
     sequences (hybrid.workers.sequence_parallel), so the attention is the varlen sdpa Ulysses
     wraps. A vision-language checkpoint builds the image-text-to-text model, its vision
     tower's blocks and the tower itself sharded as units of their own (frozen with
-    `freeze_vision_tower`). With `lora` enabled the result is a peft model (hybrid.workers.lora):
+    `freeze_vision_tower`). `kernels` (hybrid.workers.kernels, from `plan_kernels`): liger's
+    fused ops patched in before sharding, each decoder layer compiled once loaded; None:
+    eager. With `lora` enabled the result is a peft model (hybrid.workers.lora):
     the frozen base stored in `param_dtype`, only the adapters in `master_dtype` and trainable.
     Every rank of `mesh` must call this collectively.
     """
@@ -124,9 +130,9 @@ def build_fsdp_model(
         model_class = AutoModelForTokenClassification
         config.num_labels = 1
         config.classifier_dropout = 0.0  # values regress returns: no dropout noise
-    kernels: dict[str, Any] = {"attn_implementation": kernel}
+    implementations: dict[str, Any] = {"attn_implementation": kernel}
     if vision:
-        kernels["attn_implementation"] = {
+        implementations["attn_implementation"] = {
             "": kernel,
             "text_config": kernel,
             "vision_config": VISION_ATTENTION,
@@ -134,11 +140,13 @@ def build_fsdp_model(
     if num_experts(config):
         # One grouped GEMM per projection for all experts (torch has it on CPU too), not a
         # Python loop over the experts.
-        kernels["experts_implementation"] = EXPERTS_KERNEL
+        implementations["experts_implementation"] = EXPERTS_KERNEL
     with torch.device("meta"):
-        model = model_class.from_config(config, dtype=master_dtype, **kernels)
+        model = model_class.from_config(config, dtype=master_dtype, **implementations)
     if freeze_vision_tower and vision:
         vision_tower(model).requires_grad_(False)
+    if kernels is not None and kernels.fused_ops:
+        apply_fused_kernels(model, str(config.model_type), kernels.fused_ops)
     expert_params: set[nn.Parameter] | None = None
     if expert_mesh is not None and num_experts(config):
         expert_params = parallelize_experts(model, expert_mesh, param_dtype, world=mesh.size())
@@ -188,6 +196,13 @@ def build_fsdp_model(
         lora_seed=0 if with_lora else None,
         value_head=value_head,
     )
+    if kernels is not None and kernels.compile:
+        names = {id(module): name for name, module in hf_model.named_modules()}
+        compile_blocks(
+            [(names[id(layer)], layer) for layer in decoder_layers(hf_model)],
+            kernels.owner,
+            required=kernels.compile_required,
+        )
     return model
 
 

@@ -44,9 +44,11 @@ from hybrid.data import Batch
 from hybrid.data.sample import ROUTED_EXPERTS
 from hybrid.memory.ledger import MemoryLedger
 from hybrid.torch_compat import all_gather_single
+from hybrid.workers.compiled_blocks import compiled_graphs, compiled_layers
 from hybrid.workers.config import ActorConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, micro_batches, score_micro_batch
 from hybrid.workers.fsdp import clip_and_step
+from hybrid.workers.grad_reduce import step_gradients
 from hybrid.workers.routing import MoeRouting, RoutingTrace
 
 UPDATE_KEYS = (
@@ -71,8 +73,15 @@ class PolicyTrainer:
         routing: MoeRouting | None = None,
         dp_group: dist.ProcessGroup | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        reduce_once: bool = False,
     ) -> None:
         self.model = model
+        self.reduce_once = reduce_once
+        self.compiled = bool(compiled_layers(model))
+        """Some of the model's layers run compiled (actor.compile): updates report how many
+        graphs they compiled."""
+        """Gradients reduce-scattered once per optimizer step, not per micro-batch
+        (actor.grad_reduce, hybrid.workers.grad_reduce)."""
         self.scheduler = scheduler
         """The learning rate's warm-up (actor.optim.lr_warmup_steps), stepped with the
         optimizer; None: the optimizer's lr throughout."""
@@ -117,7 +126,12 @@ class PolicyTrainer:
                 f"and one mini-batch); here ppo_epochs={self.config.ppo_epochs}, "
                 f"{len(batch) // size} mini-batches"
             )
-        return mean_over_mini_batches(batch, size, self.config.ppo_epochs, self._step)
+        graphs_before = compiled_graphs()
+        metrics = mean_over_mini_batches(batch, size, self.config.ppo_epochs, self._step)
+        if self.compiled:
+            # 0 once the first update has compiled its graphs: more means recompiles.
+            metrics["actor/compiled_graphs"] = float(compiled_graphs() - graphs_before)
+        return metrics
 
     def _step(self, mini: Batch) -> dict[str, float]:
         c, spec = self.config, self.spec
@@ -137,62 +151,69 @@ class PolicyTrainer:
         routing_stats = None if self.routing is None else self.routing.stats()
         if routing_stats is not None:
             totals["actor/moe_aux_loss"] = 0.0
-        for index, rows in enumerate(micro_batches(mini, self.pass_config)):
-            micro = mini[rows]
-            with self._routing_trace(micro) as trace:
-                mask = micro.tensors["response_mask"]
-                scores = score_micro_batch(
-                    self.model, micro, self.pass_config, True, entropy_grad=c.entropy_coeff > 0
-                )
-                log_prob = scores.log_probs
-                assert scores.entropy is not None
-                old_log_prob = log_prob.detach() if on_policy else micro.tensors["old_log_probs"]
-                if on_policy:
-                    first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
-                advantages, kept = self._corrected_advantages(micro, old_log_prob)
-                if kept is not None and kept_key is not None:
-                    fractions[kept_key] += kept / local_tokens
-
-                def aggregate(per_token: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
-                    return aggregate_loss(
-                        per_token, mask, c.loss_agg_mode, global_tokens, global_seqs
+        groups = micro_batches(mini, self.pass_config)
+        with step_gradients(self.model, self.reduce_once) as before_backward:
+            for index, rows in enumerate(groups):
+                micro = mini[rows]
+                with self._routing_trace(micro) as trace:
+                    mask = micro.tensors["response_mask"]
+                    scores = score_micro_batch(
+                        self.model, micro, self.pass_config, True, entropy_grad=c.entropy_coeff > 0
                     )
-
-                # TIS / decoupled weights ride on the advantages: a positive per-token factor on
-                # A_t. For PPO-clip, CISPO and SAPO that is a per-token weight on the token's loss
-                # (the sign of A_t, which picks a branch or a temperature, is kept). GSPO puts its
-                # row's loss l_i on every token, so token t carries w_t l_i: the row counts with its
-                # tokens' weights (mean weight under seq-mean-token-mean); a token decoupled PPO
-                # drops (w_t = 0) gives up its share, though its log-ratio stays in s_i.
-                pg_loss, pg_metrics = self.pg_loss(
-                    log_prob, old_log_prob, advantages, mask, self.loss_settings,
-                    global_tokens=global_tokens, global_seqs=global_seqs,
-                )  # fmt: skip
-                entropy = aggregate(scores.entropy)
-                kl: torch.Tensor | float = 0.0
-                if c.use_kl_loss:
-                    kl = aggregate(
-                        kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type)
+                    log_prob = scores.log_probs
+                    assert scores.entropy is not None
+                    old_log_prob = (
+                        log_prob.detach() if on_policy else micro.tensors["old_log_probs"]
                     )
-                    totals["actor/kl_loss"] += float(kl.detach()) * metric_scale
-                loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
-                aux = None if trace is None else trace.aux_loss()
-                if aux is not None:
-                    # This micro-batch's share of the mini-batch's tokens, as for the pg loss.
-                    aux = aux * (float(mask.sum()) / global_tokens)
-                    if c.moe_aux_loss_coef > 0:
-                        loss = loss + c.moe_aux_loss_coef * aux
-                    totals["actor/moe_aux_loss"] += float(aux.detach()) * metric_scale
-                # The forward changes nothing a component source counts (grads come in backward).
-                boundary(self.ledger, "update/forward", index, reuse_components=True)
-                (loss * scale).backward()
-                boundary(self.ledger, "update/backward", index)
-                # Scaled like the gradient: the mean over ranks is the loss of the global batch.
-                totals["actor/pg_loss"] += float(pg_loss.detach()) * metric_scale
-                totals["actor/entropy"] += float(entropy.detach()) * metric_scale
-                pg_parts.append((float(mask.sum()) / local_tokens, pg_metrics))
-            if routing_stats is not None and trace is not None:
-                routing_stats.add(trace)
+                    if on_policy:
+                        first_pass.add(micro, log_prob.detach(), scores.entropy.detach())
+                    advantages, kept = self._corrected_advantages(micro, old_log_prob)
+                    if kept is not None and kept_key is not None:
+                        fractions[kept_key] += kept / local_tokens
+
+                    def aggregate(
+                        per_token: torch.Tensor, mask: torch.Tensor = mask
+                    ) -> torch.Tensor:
+                        return aggregate_loss(
+                            per_token, mask, c.loss_agg_mode, global_tokens, global_seqs
+                        )
+
+                    # TIS / decoupled weights ride on the advantages: a positive per-token factor on
+                    # A_t. For PPO-clip, CISPO and SAPO that is a per-token weight on the token's loss
+                    # (the sign of A_t, which picks a branch or a temperature, is kept). GSPO puts its
+                    # row's loss l_i on every token, so token t carries w_t l_i: the row counts with its
+                    # tokens' weights (mean weight under seq-mean-token-mean); a token decoupled PPO
+                    # drops (w_t = 0) gives up its share, though its log-ratio stays in s_i.
+                    pg_loss, pg_metrics = self.pg_loss(
+                        log_prob, old_log_prob, advantages, mask, self.loss_settings,
+                        global_tokens=global_tokens, global_seqs=global_seqs,
+                    )  # fmt: skip
+                    entropy = aggregate(scores.entropy)
+                    kl: torch.Tensor | float = 0.0
+                    if c.use_kl_loss:
+                        kl = aggregate(
+                            kl_penalty(log_prob, micro.tensors["ref_log_prob"], c.kl_loss_type)
+                        )
+                        totals["actor/kl_loss"] += float(kl.detach()) * metric_scale
+                    loss = compose_actor_loss(pg_loss, entropy, kl, c.entropy_coeff, c.kl_loss_coef)
+                    aux = None if trace is None else trace.aux_loss()
+                    if aux is not None:
+                        # This micro-batch's share of the mini-batch's tokens, as for the pg loss.
+                        aux = aux * (float(mask.sum()) / global_tokens)
+                        if c.moe_aux_loss_coef > 0:
+                            loss = loss + c.moe_aux_loss_coef * aux
+                        totals["actor/moe_aux_loss"] += float(aux.detach()) * metric_scale
+                    # The forward changes nothing a component source counts (grads come in backward).
+                    boundary(self.ledger, "update/forward", index, reuse_components=True)
+                    before_backward(index == len(groups) - 1)
+                    (loss * scale).backward()
+                    boundary(self.ledger, "update/backward", index)
+                    # Scaled like the gradient: the mean over ranks is the loss of the global batch.
+                    totals["actor/pg_loss"] += float(pg_loss.detach()) * metric_scale
+                    totals["actor/entropy"] += float(entropy.detach()) * metric_scale
+                    pg_parts.append((float(mask.sum()) / local_tokens, pg_metrics))
+                if routing_stats is not None and trace is not None:
+                    routing_stats.add(trace)
         fractions.update(fold_loss_metrics(pg_parts))
         if routing_stats is not None:
             fractions.update(routing_stats.metrics(device))

@@ -42,6 +42,7 @@ class ReferenceWorker(Worker):
             path,
             lambda hardware: c.compute_dtypes(hardware).ref,
             c.ref.offload.param_offload,
+            kernels=("ref", c.ref),
         )
         self.model, self.device, self.offloader = frozen.model, frozen.device, frozen.offloader
         self.pass_config = pass_config(
@@ -52,6 +53,7 @@ class ReferenceWorker(Worker):
             "ref.log_prob_max_token_len_per_gpu",
             sp=frozen.sp,
             vision=vision_family(self.model, path),
+            fused_head=frozen.kernels is not None and frozen.kernels.fused_head,
         )
 
     def _components(self) -> dict[str, ByDevice]:

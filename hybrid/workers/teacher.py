@@ -101,6 +101,7 @@ class TeacherWorker(Worker):
             distill.teacher_path,
             lambda hardware: resolve_dtype(distill.precision.param_dtype, "trainer", hardware),
             distill.offload.param_offload,
+            kernels=("distill", distill),
         )
         self.model, self.device, self.offloader = frozen.model, frozen.device, frozen.offloader
         self.pass_config = pass_config(
@@ -110,6 +111,7 @@ class TeacherWorker(Worker):
             distill.log_prob_max_token_len_per_gpu,
             "distill.log_prob_max_token_len_per_gpu",
             sp=frozen.sp,
+            fused_head=frozen.kernels is not None and frozen.kernels.fused_head,
         )
         self.ledger.track("teacher", self._components)
         self.offloader.offload_params()

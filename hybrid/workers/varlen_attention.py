@@ -112,6 +112,7 @@ def packed_layout(
     return _last_layout
 
 
+@torch.compiler.disable
 def varlen_sdpa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

@@ -1,0 +1,273 @@
+"""The update's faster paths give the eager update's numbers, on 2 gloo ranks (no Ray):
+compiled decoder layers (hybrid.workers.compiled_blocks) and gradients reduced once per
+optimizer step (hybrid.workers.grad_reduce).
+
+One spawned run per backend does every check and writes its figures to `result_rank{r}.pt`;
+the tests assert on them in the parent. The default tier compiles with `aot_eager` (dynamo's
+graphs and AOT autograd's joint graph, run by eager kernels: the graph breaks, dynamic shapes,
+recompiles and fallbacks of the real path, without inductor's C++ build); the full tier with
+inductor, the backend `actor.compile` uses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from hybrid.data import Batch
+from hybrid.data.sample import position_ids_from_mask
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.ports import free_port
+from hybrid.workers.compiled_blocks import compile_blocks, compiled_graphs, is_compiled
+from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
+from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
+from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, decoder_layers
+from hybrid.workers.grad_reduce import step_gradients
+from hybrid.workers.policy import PolicyTrainer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+WORLD = 2
+CPU = torch.device("cpu")
+STEPS = 3
+COMPILE_ATOL = 1e-5
+"""fp32 on CPU: compiled and eager log-probs, entropy and gradients agree within this."""
+PASS = PassConfig(micro_batch_size=2, packed=True, chunk_tokens=16)
+
+
+def _ragged_batch(rows: int, seed: int) -> Batch:
+    """Left-padded prompts and right-padded responses of varied lengths: every seed packs to
+    another token count, so a graph that specialised to one would recompile."""
+    g = torch.Generator().manual_seed(seed)
+    prompt, response = 12, 10
+    prompt_len = torch.randint(2, prompt + 1, (rows,), generator=g)
+    response_len = torch.randint(1, response + 1, (rows,), generator=g)
+    prompt_mask = (torch.arange(prompt) >= prompt - prompt_len[:, None]).long()
+    response_mask = (torch.arange(response) < response_len[:, None]).long()
+    mask = torch.cat([prompt_mask, response_mask], dim=1)
+    ids = torch.randint(5, 250, mask.shape, generator=g) * mask
+    log_probs = -torch.rand((rows, response), generator=g) - 1.0
+    return Batch.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": position_ids_from_mask(mask),
+            "responses": ids[:, prompt:],
+            "response_mask": response_mask,
+            "old_log_probs": log_probs,
+            "rollout_log_probs": log_probs,
+            "advantages": torch.randn(rows, generator=g),
+        }
+    )
+
+
+def _named_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    names = {id(module): name for name, module in model.named_modules()}
+    return [(names[id(layer)], layer) for layer in decoder_layers(model)]
+
+
+def _scores_and_grads(
+    model: torch.nn.Module, micro: Batch
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    scores = score_micro_batch(model, micro, PASS, with_entropy=True)
+    assert scores.entropy is not None
+    mask = micro.tensors["response_mask"]
+    loss = -(scores.log_probs * mask).sum() / mask.sum() - 0.1 * (scores.entropy * mask).mean()
+    loss.backward()
+    grads = [p.grad.full_tensor().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return scores.log_probs.detach(), scores.entropy.detach(), grads
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def _failing_backend(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    raise RuntimeError("this backend compiles nothing")
+
+
+def _compiled_run(rank: int, mesh: DeviceMesh, model_dir: Path, backend: str) -> dict[str, Any]:
+    build = lambda: build_fsdp_model(str(model_dir), mesh, CPU, param_dtype=torch.float32)  # noqa: E731
+    eager, compiled = build(), build()
+    compile_blocks(_named_layers(compiled), "actor", required=True, backend=backend)
+    out: dict[str, Any] = {"log_prob": [], "entropy": [], "grad": [], "graphs": []}
+    for step in range(STEPS):
+        micro = _ragged_batch(4, seed=10 * step + rank)
+        e_lp, e_ent, e_grads = _scores_and_grads(eager, micro)
+        c_lp, c_ent, c_grads = _scores_and_grads(compiled, micro)
+        out["log_prob"].append(float((e_lp - c_lp).abs().max()))
+        out["entropy"].append(float((e_ent - c_ent).abs().max()))
+        out["grad"].append(_max_diff(e_grads, c_grads))
+        out["graphs"].append(compiled_graphs())
+    # The no-grad pass (old log-probs, the reference): its own graphs, once.
+    batch = _ragged_batch(6, seed=99 + rank)
+    for model in (eager, compiled):
+        model.eval()
+    first = score_responses(compiled, batch, PASS, with_entropy=True)
+    graphs_after_first = compiled_graphs()
+    again = score_responses(compiled, _ragged_batch(6, seed=123 + rank), PASS, with_entropy=True)
+    reference = score_responses(eager, batch, PASS, with_entropy=True)
+    out["no_grad_log_prob"] = float((first["log_probs"] - reference["log_probs"]).abs().max())
+    out["no_grad_recompiles"] = compiled_graphs() - graphs_after_first
+    assert again["log_probs"].shape == batch.tensors["responses"].shape
+    out["compiled"] = [is_compiled(layer) for _, layer in _named_layers(compiled)]
+
+    # A compile that fails: auto runs the layer eagerly (same numbers), on names the layer.
+    fallback = build()
+    compile_blocks(_named_layers(fallback), "actor", required=False, backend=_failing_backend)
+    for model in (eager, fallback):
+        model.train()
+    micro = _ragged_batch(4, seed=7 + rank)
+    e_lp, _, e_grads = _scores_and_grads(eager, micro)
+    f_lp, _, f_grads = _scores_and_grads(fallback, micro)
+    out["fallback_log_prob"] = float((e_lp - f_lp).abs().max())
+    out["fallback_grad"] = _max_diff(e_grads, f_grads)
+    out["fallback_compiled"] = [is_compiled(layer) for _, layer in _named_layers(fallback)]
+    strict = build()
+    compile_blocks(_named_layers(strict), "actor", required=True, backend=_failing_backend)
+    try:
+        _scores_and_grads(strict, micro)
+        out["strict_error"] = None
+    except RuntimeError as error:
+        out["strict_error"] = str(error)
+    return out
+
+
+def _counting_reduce_scatters() -> list[int]:
+    """Count FSDP2's gradient reduce-scatters in this process: it calls torch.distributed's
+    (`reduce_scatter_single` in torch 2.13, `reduce_scatter_tensor` before) at call time."""
+    calls = [0]
+    for name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+        original = getattr(dist, name, None)
+        if original is None:
+            continue
+
+        def counted(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            calls[0] += 1
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    return calls
+
+
+def _grad_reduce_run(rank: int, mesh: DeviceMesh, model_dir: Path) -> dict[str, Any]:
+    """One optimizer step of 3 micro-batches, reduced per micro-batch and once: the same
+    updated weights, and a third of the reduce-scatters."""
+    calls = _counting_reduce_scatters()
+    batch = _ragged_batch(6, seed=rank)
+    config = ActorConfig(micro_batch_size=2, optim=OptimConfig(lr=1e-3))
+    out: dict[str, Any] = {}
+    for reduce_once in (False, True):
+        model = build_fsdp_model(str(model_dir), mesh, CPU, param_dtype=torch.float32)
+        optimizer = build_optimizer(model, 1e-3, 0.0, (0.9, 0.999), 1e-8)
+        trainer = PolicyTrainer(
+            model, optimizer, config, WorkerSpec(), PASS, reduce_once=reduce_once
+        )
+        before = calls[0]
+        metrics = trainer.update(batch)
+        key = "once" if reduce_once else "per_micro_batch"
+        out[f"{key}_reduce_scatters"] = calls[0] - before
+        out[f"{key}_params"] = [p.full_tensor().clone() for p in model.parameters()]
+        out[f"{key}_grad_norm"] = metrics["actor/grad_norm"]
+        # Reduction is on again after the step: a plain backward reduces.
+        with step_gradients(model, once_per_step=True) as before_backward:
+            before_backward(False)
+        before = calls[0]
+        _scores_and_grads(model, _ragged_batch(2, seed=5))
+        out[f"{key}_reduces_after"] = calls[0] - before
+    return out
+
+
+def _entry(
+    rank: int,
+    fn: Callable[..., dict[str, Any]],
+    port: int,
+    out_dir: Path,
+    args: tuple,
+) -> None:
+    torch.set_num_threads(1)  # 2 ranks on 2 cores
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
+        result = fn(rank, mesh, *args)
+        written = out_dir / f"result_rank{rank}.pt.tmp"
+        torch.save(result, written)
+        written.rename(out_dir / f"result_rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any) -> list[dict[str, Any]]:
+    mp.start_processes(
+        _entry,
+        args=(fn, free_port(), out_dir, args),
+        nprocs=WORLD,
+        join=True,
+        start_method="spawn",
+    )
+    return [torch.load(out_dir / f"result_rank{r}.pt") for r in range(WORLD)]
+
+
+@pytest.fixture(autouse=True)
+def with_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite runs without torch.compile (tests/conftest.py); the ranks these tests spawn
+    inherit the environment without that setting."""
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = TinyModelConfig.preset("tiny", initializer_range=0.1)
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), config, seed=0)
+
+
+def _check_compiled(results: list[dict[str, Any]]) -> None:
+    for rank, r in enumerate(results):
+        where = f"rank {rank}"
+        assert all(r["compiled"]), where
+        assert max(r["log_prob"]) <= COMPILE_ATOL, (where, r["log_prob"])
+        assert max(r["entropy"]) <= COMPILE_ATOL, (where, r["entropy"])
+        assert max(r["grad"]) <= COMPILE_ATOL, (where, r["grad"])
+        assert r["no_grad_log_prob"] <= COMPILE_ATOL, where
+        # Steps of other lengths reuse the first step's graphs: no recompiles.
+        assert r["graphs"][0] > 0, where
+        assert r["graphs"][1:] == [r["graphs"][0]] * (STEPS - 1), (where, r["graphs"])
+        assert r["no_grad_recompiles"] == 0, where
+        # compile=auto: the failing layers ran eagerly, with eager's numbers.
+        assert r["fallback_log_prob"] == 0.0 and r["fallback_grad"] == 0.0, where
+        assert not any(r["fallback_compiled"]), where
+        # compile=on: the error names the setting and the layer.
+        assert r["strict_error"] is not None, where
+        assert "actor.compile=on" in r["strict_error"], r["strict_error"]
+        assert "model.layers.0" in r["strict_error"], r["strict_error"]
+
+
+def test_compiled_layers_match_eager_without_recompiles(model_dir: Path, tmp_path: Path) -> None:
+    _check_compiled(_spawn(_compiled_run, tmp_path, model_dir, "aot_eager"))
+
+
+@pytest.mark.full
+def test_inductor_compiled_layers_match_eager(model_dir: Path, tmp_path: Path) -> None:
+    _check_compiled(_spawn(_compiled_run, tmp_path, model_dir, "inductor"))
+
+
+def test_gradients_reduced_once_per_step(model_dir: Path, tmp_path: Path) -> None:
+    for rank, r in enumerate(_spawn(_grad_reduce_run, tmp_path, model_dir)):
+        per, once = r["per_micro_batch_reduce_scatters"], r["once_reduce_scatters"]
+        # 3 micro-batches: every FSDP unit reduces 3 times, or once.
+        assert per == 3 * once and once > 0, (rank, per, once)
+        for a, b in zip(r["per_micro_batch_params"], r["once_params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert abs(r["per_micro_batch_grad_norm"] - r["once_grad_norm"]) <= 1e-5
+        assert r["per_micro_batch_reduces_after"] == r["once_reduces_after"] == once, rank
