@@ -156,14 +156,15 @@ def _attend_packed(
     gqa = query.shape[1] != key.shape[1]
     dropout_p = dropout if module.training else 0.0
     if query.shape[2] <= DENSE_MAX_TOKENS:
+        dense_key, dense_value, dense_gqa = masked_kv(query, key, value, expand=query.is_cuda)
         out = F.scaled_dot_product_attention(
             query,
-            key,
-            value,
+            dense_key,
+            dense_value,
             attn_mask=layout.block_mask(query.device),
             dropout_p=dropout_p,
             scale=scaling,
-            enable_gqa=gqa,
+            enable_gqa=dense_gqa,
         )
         return out.transpose(1, 2).contiguous(), None
     segments = [
@@ -179,6 +180,23 @@ def _attend_packed(
         for start, end in bounds
     ]
     return torch.cat(segments, dim=2).transpose(1, 2).contiguous(), None
+
+
+def masked_kv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, expand: bool
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """key and value for an sdpa call with a mask, and its `enable_gqa`. With grouped-query
+    attention and a mask, CUDA's sdpa has no fused kernel (flash takes no mask, the
+    memory-efficient kernel no GQA) and falls back to the math kernel, which materialises
+    (heads, T, T) scores; with `expand` the kv heads are repeated to the query's, a copy of
+    2 x (T, kv_heads x group, d), and the memory-efficient kernel takes the call. The CPU
+    kernels take GQA with a mask as it is."""
+    group = query.shape[1] // key.shape[1]
+    if group == 1:
+        return key, value, False
+    if not expand:
+        return key, value, True
+    return key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1), False
 
 
 def varlen_mask(**kwargs: Any) -> Any:

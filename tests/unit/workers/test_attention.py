@@ -55,3 +55,25 @@ def test_every_preset_runs_on_a_gpu_node_without_flash_attn(preset: str) -> None
         cfg.model.attn_implementation, flash_installed=False, on_cuda=True
     )
     assert chosen in ("sdpa", "eager")
+
+
+def test_expanded_kv_heads_attend_like_grouped_query_attention() -> None:
+    """The dense block-mask path repeats kv heads on CUDA (so a fused kernel takes the mask):
+    the same attention as sdpa's own GQA."""
+    import torch
+    import torch.nn.functional as F
+
+    from hybrid.workers.varlen_attention import masked_kv
+
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 6, 9, 8, generator=g)
+    key, value = torch.randn(1, 2, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g)
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()
+    mask[5:, :5] = False  # two packed sequences
+    grouped = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+    k, v, gqa = masked_kv(query, key, value, expand=True)
+    assert not gqa and k.shape == v.shape == (1, 6, 9, 8)
+    expanded = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, enable_gqa=gqa)
+    torch.testing.assert_close(expanded, grouped, rtol=0, atol=1e-6)
+    assert masked_kv(query, key, value, expand=False)[2]  # CPU: GQA as it is
+    assert masked_kv(query, query, query, expand=True) == (query, query, False)
