@@ -16,10 +16,22 @@ Target: packed_dynamic >= 1.5x padded on the update.
 pass beside them). Peak = the highest RSS sampled every millisecond during the pass, minus
 the RSS before it. Target: chunked <= 1/4 of full.
 
+--settings: the update (packed micro-batches of --micro-batch-size rows) under the kernel
+settings side by side, interleaved round by round in one run, on the same rows:
+  eager:                  the update as built (the baseline)
+  compiled:               each decoder layer compiled (actor.compile=on, inductor)
+  reduce_once:            gradients reduce-scattered once per optimizer step (actor.grad_reduce=step)
+  compiled+reduce_once:   both
+  fused:                  liger-kernel's ops (actor.fused_kernels=on): CUDA only, listed as skipped on CPU
+Tokens/s over the slowest rank's median seconds, the ratio to eager, and the graphs compiled
+after the first (warm-up) round: 0 when nothing recompiles. --dtype picks the compute dtype
+(bfloat16 default, float32).
+
 Last line: a JSON object with every figure.
 
     python profiling/bench_update.py [--rounds 3] [--rows-per-rank 8]
     python profiling/bench_update.py --logprob-memory [--memory-rows 32]
+    python profiling/bench_update.py --settings [--dtype float32] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -44,9 +56,11 @@ from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.trainer.balance import balanced_order
 from hybrid.workers import varlen_attention
+from hybrid.workers.compiled_blocks import compiled_graphs
 from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
+from hybrid.workers.kernels import KernelPlan
 from hybrid.workers.policy import PolicyTrainer
 
 # Run as a script: its siblings import by file name, here and in the spawned ranks.
@@ -179,6 +193,114 @@ def update_speed(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# --- kernel settings (2 gloo ranks) -------------------------------------------------------
+
+SETTINGS = ("eager", "compiled", "reduce_once", "compiled+reduce_once")
+
+
+def _settings_main(
+    rank: int, port: int, model_dir: str, args: argparse.Namespace, out: str
+) -> None:
+    torch.set_num_threads(1)  # 2 ranks on 2 cores
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
+        dtype = getattr(torch, args.dtype)
+        plans = {
+            "eager": KernelPlan("actor"),
+            "compiled": KernelPlan("actor", compile=True, compile_required=True),
+        }
+        models = {
+            name: build_fsdp_model(
+                model_dir, mesh, torch.device("cpu"), param_dtype=dtype, kernels=plan
+            )
+            for name, plan in plans.items()
+        }
+        config = ActorConfig(micro_batch_size=args.micro_batch_size, optim=OptimConfig(lr=1e-7))
+        pass_config = PassConfig(args.micro_batch_size, packed=True, chunk_tokens=1024)
+        trainers = {}
+        for name in SETTINGS:
+            model = models["compiled" if "compiled" in name else "eager"]
+            optimizer = build_optimizer(model, 1e-7, 0.0, (0.9, 0.999), 1e-8)
+            trainers[name] = PolicyTrainer(
+                model, optimizer, config, WorkerSpec(), pass_config,
+                reduce_once="reduce_once" in name,
+            )  # fmt: skip
+        batch = rank_share(gsm8k_like_batch(args.rows_per_rank * WORLD, 272, seed=0), rank)
+        seconds: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        graphs_after_warmup = 0
+        for round_index in range(args.rounds + 1):  # round 0 warms up (and compiles)
+            for name, trainer in trainers.items():
+                dist.barrier()
+                start = time.perf_counter()
+                trainer.update(batch)
+                elapsed = torch.tensor([time.perf_counter() - start])
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank
+                if round_index:
+                    seconds[name].append(float(elapsed))
+                if rank == 0:
+                    print(
+                        f"  round {round_index}/{args.rounds} {name}: {float(elapsed):.2f}s",
+                        flush=True,
+                    )
+            if round_index == 0:
+                graphs_after_warmup = compiled_graphs()
+        if rank == 0:
+            tokens = int(
+                gsm8k_like_batch(args.rows_per_rank * WORLD, 272, seed=0)
+                .tensors["attention_mask"]
+                .sum()
+            )
+            result = {
+                "seconds": seconds,
+                "tokens": tokens,
+                "recompiles_after_warmup": compiled_graphs() - graphs_after_warmup,
+                "graphs_at_warmup": graphs_after_warmup,
+            }
+            Path(out).write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def kernel_settings(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", TinyModelConfig.preset("bench-100m"))
+        out = Path(tmp) / "result.json"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        print(
+            f"[bench_update] settings: 2 ranks, bench-100m, {args.dtype}, "
+            f"{args.rows_per_rank} rows per rank, micro-batches of {args.micro_batch_size} ..."
+        )
+        print("  fused: skipped (liger-kernel's kernels run on CUDA; this run is on the CPU)")
+        mp.spawn(_settings_main, args=(port, str(model_dir), args, str(out)), nprocs=WORLD)
+        measured = json.loads(out.read_text())
+    tokens = measured["tokens"]
+    result: dict[str, Any] = {
+        "model": "bench-100m",
+        "dtype": args.dtype,
+        "rows": args.rows_per_rank * WORLD,
+        "valid_tokens": tokens,
+        "micro_batch_size": args.micro_batch_size,
+        "rounds": args.rounds,
+        "fused": "skipped: CUDA only",
+        "recompiles_after_warmup": measured["recompiles_after_warmup"],
+    }
+    for name, times in measured["seconds"].items():
+        result[f"{name}_s"] = round(statistics.median(times), 3)
+        result[f"{name}_tokens_per_s"] = round(tokens / statistics.median(times), 1)
+    for name in SETTINGS[1:]:
+        result[f"ratio_{name}_over_eager"] = round(
+            result[f"{name}_tokens_per_s"] / result["eager_tokens_per_s"], 3
+        )
+    return result
+
+
 # --- log-prob pass memory (one process) ---------------------------------------------------
 
 
@@ -244,8 +366,15 @@ def main() -> None:
     parser.add_argument("--logprob-memory", action="store_true")
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--memory-rows", type=int, default=32, help="rows of the memory pass")
+    parser.add_argument("--settings", action="store_true", help="kernel settings side by side")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = parser.parse_args()
-    result = logprob_memory(args) if args.logprob_memory else update_speed(args)
+    if args.logprob_memory:
+        result = logprob_memory(args)
+    elif args.settings:
+        result = kernel_settings(args)
+    else:
+        result = update_speed(args)
     print(json.dumps(result))
 
 

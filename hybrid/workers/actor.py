@@ -38,7 +38,11 @@ from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.export import export_hf_model, write_hf_model
 from hybrid.workers.forward import pass_config, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, warmup_scheduler
-from hybrid.workers.grad_reduce import reduces_once_per_step
+from hybrid.workers.grad_reduce import (
+    device_memory_bytes,
+    reduces_once_per_step,
+    trainable_gradient_bytes,
+)
 from hybrid.workers.kernels import plan_for_model
 from hybrid.workers.lora import adapter_spec, adapters_disabled, expert_adapters
 from hybrid.workers.parallel import ParallelState, init_trainer_parallel
@@ -161,7 +165,10 @@ class ActorWorker(Worker):
             self.parallel.data_parallel_group,
             warmup_scheduler(self.optimizer, optim.lr_warmup_steps),
             reduce_once=reduces_once_per_step(
-                a.grad_reduce, lora=lora.enabled, world=self.parallel.fsdp_mesh.size()
+                a.grad_reduce,
+                world=self.parallel.fsdp_mesh.size(),
+                gradient_bytes=trainable_gradient_bytes(self.model),
+                device_bytes=device_memory_bytes(device),
             ),
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).

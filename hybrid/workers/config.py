@@ -315,8 +315,9 @@ class ActorConfig(MicroBatching, ModelKernels):
     grad_reduce: GradReduce = "auto"
     """When gradients are reduce-scattered (hybrid.workers.grad_reduce): step (once per
     optimizer step; every rank holds the whole unsharded fp32 gradient meanwhile),
-    micro_batch (after each micro-batch's backward, as verl), or auto (step with LoRA or on
-    one rank, micro_batch otherwise)."""
+    micro_batch (after each micro-batch's backward, as verl), or auto (step on one rank or
+    where that whole gradient takes at most a tenth of the device's memory: LoRA, small
+    models; micro_batch otherwise)."""
 
     sp_size: int = 1
     """Ulysses sequence parallelism (docs/long-context.md): groups of sp consecutive workers

@@ -15,7 +15,7 @@ import torch
 from hybrid.workers.compiled_blocks import resolve_compile
 from hybrid.workers.config import ActorConfig, CriticConfig, DistillConfig, RefConfig
 from hybrid.workers.fused_kernels import FUSED_OPS, MOE_FUSED_OPS, fused_ops_for, liger_installed
-from hybrid.workers.grad_reduce import reduces_once_per_step
+from hybrid.workers.grad_reduce import reduces_once_per_step, trainable_gradient_bytes
 from hybrid.workers.kernels import KernelPlan, plan_for_model
 
 pytestmark = pytest.mark.unit
@@ -63,11 +63,20 @@ def test_compile_auto_is_cuda_and_dense_text_only() -> None:
 
 
 def test_grad_reduce_auto_is_once_where_it_costs_little() -> None:
-    assert reduces_once_per_step("auto", lora=True, world=8)
-    assert reduces_once_per_step("auto", lora=False, world=1)
-    assert not reduces_once_per_step("auto", lora=False, world=8)
-    assert reduces_once_per_step("step", lora=False, world=8)
-    assert not reduces_once_per_step("micro_batch", lora=True, world=1)
+    gb = 2**30
+    # A 1.5B model's fp32 gradient (6 GB) on an 80 GB GPU; a 7B model's (28 GB) does not fit.
+    assert reduces_once_per_step("auto", world=8, gradient_bytes=6 * gb, device_bytes=80 * gb)
+    assert not reduces_once_per_step("auto", world=8, gradient_bytes=28 * gb, device_bytes=80 * gb)
+    assert reduces_once_per_step("auto", world=1, gradient_bytes=28 * gb, device_bytes=80 * gb)
+    assert reduces_once_per_step("step", world=8, gradient_bytes=28 * gb, device_bytes=80 * gb)
+    assert not reduces_once_per_step("micro_batch", world=1, gradient_bytes=1, device_bytes=gb)
+
+
+def test_the_gradient_counts_trainable_parameters_once() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 4))
+    model[1].weight.requires_grad_(False)
+    # 12 + 3 trainable in the first, the second's bias 4: 19 floats
+    assert trainable_gradient_bytes(model) == 4 * 19
 
 
 def test_every_member_names_its_own_field() -> None:
