@@ -8,8 +8,18 @@ T4 have no bf16 at all). So `auto` resolves, per role:
 
     hardware                      trainer (actor, ref)   engine (rollout)
     native bf16 (GPU or CPU)      bfloat16               bfloat16
+    CPU with bf16, narrow model   float32                bfloat16
     CUDA without bf16             float32                float16
     CPU without bf16              float32                float32
+
+A narrow model is one of hidden size below CPU_BF16_MIN_HIDDEN: there a CPU's bf16 update
+costs more than its fp32 one, the casts around FSDP2's gathers and oneDNN's weight reorders
+outweighing matmuls of a few thousand FLOPs per token (measured on an AVX512-BF16 CPU,
+2026-12-03: the tiny demo model, hidden 128, stepped 1.26x slower and updated 1.36x slower in
+bf16 than in fp32, `profiling/bench_step.py --dtypes`; at hidden 256 and up the bf16 update
+took 0.59x (256), 0.52x (384), 0.46x (512) of the fp32 one on GSM8K-length rows, and the
+~100M model, hidden 768, stepped at 0.47x). Its generation is as fast in either (1.04x), so the
+engine keeps bf16.
 
 The trainer never picks fp16 by itself: fp16 training needs loss scaling, which the actor's
 mixed-precision policy does not do. `Hardware.detect` reads the device once; the resolution is
@@ -80,18 +90,28 @@ def cpu_bf16_flags() -> list[str]:
     return ["bf16"] if "bf16" in words else []  # Arm: the BF16 extension
 
 
-def auto_dtype(role: Role, hardware: Hardware) -> Dtype:
-    """What `auto` means for `role` on `hardware` (the table in the module docstring)."""
-    if hardware.native_bf16:
+CPU_BF16_MIN_HIDDEN = 256
+"""On a CPU with bf16 instructions the trainer's `auto` is bf16 from this hidden size up."""
+
+
+def auto_dtype(role: Role, hardware: Hardware, hidden_size: int | None = None) -> Dtype:
+    """What `auto` means for `role` on `hardware` for a model of `hidden_size` (None: not
+    known, taken as wide; the table in the module docstring)."""
+    narrow = hidden_size is not None and hidden_size < CPU_BF16_MIN_HIDDEN
+    if hardware.native_bf16 and not (
+        narrow and role == "trainer" and hardware.device_type == "cpu"
+    ):
         return "bfloat16"
     if role == "engine" and hardware.device_type == "cuda":
         return "float16"
     return "float32"
 
 
-def resolve_dtype(requested: str, role: Role, hardware: Hardware) -> Dtype:
+def resolve_dtype(
+    requested: str, role: Role, hardware: Hardware, hidden_size: int | None = None
+) -> Dtype:
     if requested == "auto":
-        return auto_dtype(role, hardware)
+        return auto_dtype(role, hardware, hidden_size)
     if requested not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {requested!r}")
     return requested  # type: ignore[return-value]
@@ -109,9 +129,17 @@ class ComputeDtypes:
     """The engine's weights and compute; the sync casts to it."""
 
     @classmethod
-    def resolve(cls, actor: str, ref: str, rollout: str, hardware: Hardware) -> ComputeDtypes:
+    def resolve(
+        cls,
+        actor: str,
+        ref: str,
+        rollout: str,
+        hardware: Hardware,
+        hidden_size: int | None = None,
+    ) -> ComputeDtypes:
+        """The three dtypes for a model of `hidden_size` on `hardware`."""
         return cls(
-            actor=resolve_dtype(actor, "trainer", hardware),
-            ref=resolve_dtype(ref, "trainer", hardware),
-            rollout=resolve_dtype(rollout, "engine", hardware),
+            actor=resolve_dtype(actor, "trainer", hardware, hidden_size),
+            ref=resolve_dtype(ref, "trainer", hardware, hidden_size),
+            rollout=resolve_dtype(rollout, "engine", hardware, hidden_size),
         )

@@ -7,7 +7,9 @@ adapters (hybrid.models.state_dict) pick their layout from it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 DENSE_FAMILIES = ("qwen2", "llama", "mistral", "qwen3")
@@ -40,6 +42,27 @@ VISION_FAMILIES = ("qwen2_vl",)
 def is_vision(config: Any) -> bool:
     """A vision-language model: its config (or config.json) has a vision tower."""
     return _field(config, "vision_config") is not None
+
+
+def hidden_size(config: Any) -> int | None:
+    """The decoder's width (a vision-language model's language model's), None if unstated."""
+    text = _field(config, "text_config")
+    value = _field(text if text is not None else config, "hidden_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_model_config(directory: str | Path) -> dict[str, Any]:
+    """A Hugging Face model directory's config.json."""
+    with open(Path(directory) / "config.json") as f:
+        config: dict[str, Any] = json.load(f)
+    return config
+
+
+def model_hidden_size(directory: str) -> int | None:
+    """The hidden size of the model directory's config.json (None without one: a Hub id)."""
+    if not (Path(directory) / "config.json").is_file():
+        return None
+    return hidden_size(read_model_config(directory))
 
 
 def model_type(config: Any) -> str | None:

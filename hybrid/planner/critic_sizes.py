@@ -66,7 +66,9 @@ class CriticSizes:
     def compute(self) -> str:
         """critic.precision.param_dtype with `auto` resolved for the planned device."""
         hardware = planned_hardware(self.config.trainer.use_gpu)
-        return resolve_dtype(self.config.critic.precision.param_dtype, "trainer", hardware)
+        return resolve_dtype(
+            self.config.critic.precision.param_dtype, "trainer", hardware, self.shape.hidden_size
+        )
 
     @property
     def cb(self) -> int:

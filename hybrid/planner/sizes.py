@@ -84,6 +84,7 @@ class WorkerSizes:
             c.ref.precision.param_dtype,
             c.rollout.dtype,
             planned_hardware(self.on_gpu),
+            self.shape.hidden_size,
         )
 
     @property

@@ -38,6 +38,7 @@ from typing import ClassVar, Literal, get_args
 
 from hybrid.algorithms.policy_objectives import POLICY_LOSSES, PolicyLossName
 from hybrid.dtypes import ComputeDtypes, Hardware
+from hybrid.model_families import model_hidden_size
 from hybrid.model_groups import (
     ForwardPrecisionConfig,
     OffloadConfig,
@@ -557,10 +558,12 @@ class HybridWorkerConfig:
     built by hand)."""
 
     def compute_dtypes(self, hardware: Hardware) -> ComputeDtypes:
-        """actor / ref / rollout dtypes with `auto` resolved for `hardware`."""
+        """actor / ref / rollout dtypes with `auto` resolved for `hardware` and the model
+        (its hidden size, from model.path's config.json)."""
         return ComputeDtypes.resolve(
             self.actor.precision.param_dtype,
             self.ref.precision.param_dtype,
             self.rollout.dtype,
             hardware,
+            model_hidden_size(self.model.path),
         )

@@ -25,6 +25,7 @@ from hybrid.memory.components import (
     parameter_bytes,
 )
 from hybrid.memory.ledger import process_ledger
+from hybrid.model_families import model_hidden_size
 from hybrid.sharding.offload import Offloader
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.config import HybridWorkerConfig
@@ -78,7 +79,12 @@ class CriticWorker(Worker):
         parallel = init_trainer_parallel(self.rank_env, c)
         self.device = parallel.device
         precision = critic.precision
-        dtype = resolve_dtype(precision.param_dtype, "trainer", Hardware.detect(self.device))
+        dtype = resolve_dtype(
+            precision.param_dtype,
+            "trainer",
+            Hardware.detect(self.device),
+            model_hidden_size(critic.model.path) if critic.model.path else None,
+        )
         if critic.model.path is None:
             raise ValueError("critic.model.path is unresolved (the trainer sets the actor's)")
         self.kernels = plan_for_model("critic", critic, critic.model.path, self.device)

@@ -8,14 +8,12 @@ error naming what is missing.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from hybrid.model_families import is_vision, model_type, num_experts
+from hybrid.model_families import is_vision, model_type, num_experts, read_model_config
 from hybrid.workers.compiled_blocks import resolve_compile
 from hybrid.workers.config import ModelKernels
 from hybrid.workers.fused_kernels import fused_ops_for, liger_installed
@@ -73,6 +71,4 @@ def plan_for_model(
     owner: str, choices: ModelKernels, model_path: str, device: torch.device
 ) -> KernelPlan:
     """`plan_kernels` for the model directory at `model_path` (its config.json)."""
-    with open(Path(model_path) / "config.json") as f:
-        model_config = json.load(f)
-    return plan_kernels(owner, choices, model_config, device)
+    return plan_kernels(owner, choices, read_model_config(model_path), device)

@@ -76,3 +76,22 @@ def test_this_cpu_is_detected_as_its_cpuinfo_flags_say() -> None:
     print(f"this CPU: {detected.description}; auto: {auto_dtype('trainer', detected)}")
     assert detected.native_bf16 == bool(words & {"avx512_bf16", "amx_bf16"})
     assert detected.native_bf16 == bool(cpu_bf16_flags())
+
+
+def test_a_narrow_model_trains_in_fp32_on_a_bf16_cpu() -> None:
+    """The tiny demo model (hidden 128) updates faster in fp32 on a CPU with bf16 instructions;
+    from CPU_BF16_MIN_HIDDEN up bf16 wins. The engine keeps bf16 (generation is as fast), GPUs
+    and CPUs without bf16 are unaffected."""
+    from hybrid.dtypes import CPU_BF16_MIN_HIDDEN
+
+    narrow, wide = CPU_BF16_MIN_HIDDEN // 2, CPU_BF16_MIN_HIDDEN
+    assert ComputeDtypes.resolve("auto", "auto", "auto", AVX512_BF16, narrow) == ComputeDtypes(
+        "float32", "float32", "bfloat16"
+    )
+    assert ComputeDtypes.resolve("auto", "auto", "auto", AVX512_BF16, wide) == ComputeDtypes(
+        "bfloat16", "bfloat16", "bfloat16"
+    )
+    assert auto_dtype("trainer", AVX512_BF16) == "bfloat16"  # size unknown: taken as wide
+    assert auto_dtype("trainer", AMPERE, narrow) == "bfloat16"
+    assert auto_dtype("trainer", AVX2, wide) == "float32"
+    assert resolve_dtype("bfloat16", "trainer", AVX512_BF16, narrow) == "bfloat16"  # asked for
