@@ -8,7 +8,7 @@ T4 have no bf16 at all). So `auto` resolves, per role:
 
     hardware                      trainer (actor, ref)   engine (rollout)
     native bf16 (GPU or CPU)      bfloat16               bfloat16
-    CPU with bf16, narrow model   float32                bfloat16
+    CPU with bf16, narrow model   float32                float32
     CUDA without bf16             float32                float16
     CPU without bf16              float32                float32
 
@@ -18,8 +18,9 @@ outweighing matmuls of a few thousand FLOPs per token (measured on an AVX512-BF1
 2026-12-03: the tiny demo model, hidden 128, stepped 1.26x slower and updated 1.36x slower in
 bf16 than in fp32, `profiling/bench_step.py --dtypes`; at hidden 256 and up the bf16 update
 took 0.59x (256), 0.52x (384), 0.46x (512) of the fp32 one on GSM8K-length rows, and the
-~100M model, hidden 768, stepped at 0.47x). Its generation is as fast in either (1.04x), so the
-engine keeps bf16.
+~100M model, hidden 768, stepped at 0.47x). The narrow model's generation is as fast in either
+(bf16 1.04x the fp32 time), so its engine computes in fp32 too: the actor and the engine then
+score tokens alike, where an fp32 actor beside a bf16 engine differed by up to 0.06 nats.
 
 The trainer never picks fp16 by itself: fp16 training needs loss scaling, which the actor's
 mixed-precision policy does not do. `Hardware.detect` reads the device once; the resolution is
@@ -91,16 +92,14 @@ def cpu_bf16_flags() -> list[str]:
 
 
 CPU_BF16_MIN_HIDDEN = 256
-"""On a CPU with bf16 instructions the trainer's `auto` is bf16 from this hidden size up."""
+"""On a CPU with bf16 instructions `auto` is bf16 from this hidden size up, fp32 below."""
 
 
 def auto_dtype(role: Role, hardware: Hardware, hidden_size: int | None = None) -> Dtype:
     """What `auto` means for `role` on `hardware` for a model of `hidden_size` (None: not
     known, taken as wide; the table in the module docstring)."""
     narrow = hidden_size is not None and hidden_size < CPU_BF16_MIN_HIDDEN
-    if hardware.native_bf16 and not (
-        narrow and role == "trainer" and hardware.device_type == "cpu"
-    ):
+    if hardware.native_bf16 and not (narrow and hardware.device_type == "cpu"):
         return "bfloat16"
     if role == "engine" and hardware.device_type == "cuda":
         return "float16"

@@ -16,7 +16,10 @@ eager: our varlen sdpa reads the packed sequence bounds on the host
 
 torch.compile works lazily: a layer is traced and compiled at its first call. A compile that
 fails there is an error naming the layer when the user asked for `on`, and with `auto` a
-warning naming the layer, after which that layer runs eagerly from then on.
+warning naming the layer, after which that layer runs eagerly from then on. (A backward graph
+that AOT autograd could not compile at the first forward is compiled again at the first
+backward; a failure there ends the step, whatever the setting.) With TORCHDYNAMO_DISABLE=1 in
+the environment nothing compiles: the layers stay eager, with a warning.
 `compiled_graphs()` counts what dynamo compiled in this process: the actor reports the graphs
 each update compiled (actor/compiled_graphs), which is 0 after the first one unless something
 recompiles.
@@ -28,6 +31,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.utils import counters
@@ -74,6 +78,14 @@ def compile_blocks(
 ) -> None:
     """Compile each (name, layer) in place, dynamic shapes. `required`: a failing compile
     raises naming the layer (compile=on); otherwise the layer warns and stays eager."""
+    if torch._dynamo.config.disable:
+        log.warning(
+            "%s.compile: TORCHDYNAMO_DISABLE is set, so torch.compile does nothing; the %d "
+            "decoder layers run eagerly",
+            owner,
+            len(layers),
+        )
+        return
     for name, layer in layers:
         layer.compile(dynamic=True, backend=backend)
         # Module.compile keeps the compiled callable in `_compiled_call_impl`; wrapping it is

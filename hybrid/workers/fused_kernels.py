@@ -5,19 +5,21 @@ What liger fuses here, per decoder layer: RMSNorm (one Triton kernel instead of 
 upcast, square, mean, rsqrt, scale and cast), the rotary embedding of q and k, and the SwiGLU
 MLP's gate (silu(gate) * up in one kernel, recomputed in backward rather than stored); for a
 mixture of experts the norms and the rotary embedding only (its experts are our stacked
-grouped-GEMM layout, which liger's MLP patch does not know). The log-prob head becomes liger's
-fused linear cross-entropy (`fused_log_probs`): the LM head's matmul, the log-softmax and the
-gradient in chunks, never (tokens x vocab) logits; passes that need the entropy with a
-gradient (actor.entropy_coeff > 0) keep our chunked head (hybrid.algorithms.chunked_logprob),
-which computes both.
+grouped-GEMM layout, which liger's MLP patch does not know). The passes that want no entropy
+(the reference's, the teacher's) take their log-probs from liger's fused linear cross-entropy
+(`fused_log_probs`): the LM head's matmul and the log-softmax in chunks, never (tokens x vocab)
+logits. liger's op returns no entropy, and the actor's passes (the update, the old log-probs)
+report the entropy on every step, so they keep our chunked head
+(hybrid.algorithms.chunked_logprob), which computes both and also never holds the full logits.
 
 liger's kernels are Triton kernels for CUDA: on CPU `auto` leaves them off and `on` is refused.
 
 liger patches a transformers family through its `apply_liger_kernel_to_<family>(model=...)`:
 the model's norm and MLP modules get liger's forwards, and the family's module-level
-`apply_rotary_pos_emb` is replaced, for every model of that family in the process (the
-reference policy of the same family rotates with liger's kernel too, whatever its own
-setting). Written against liger-kernel 0.8.5 (its `MODEL_TYPE_TO_APPLY_LIGER_FN` names).
+`apply_rotary_pos_emb`, RMSNorm class and MLP class are replaced for the whole process: a
+model of that family built afterwards (the reference, a critic, a reward model) runs liger's
+modules too, whatever its own setting. Written against liger-kernel 0.8.5 (its
+`MODEL_TYPE_TO_APPLY_LIGER_FN` names).
 """
 
 from __future__ import annotations

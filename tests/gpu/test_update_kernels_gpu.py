@@ -15,6 +15,8 @@ margin over the measured spread. The liger tests skip where liger_kernel is not 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -44,16 +46,20 @@ from hybrid.workers.kernels import KernelPlan
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 # First guesses, to be replaced by a margin over the spread the GPU run measures (printed,
-# and in $SMOKE_OUT/update_kernels_gpu.json). Model passes: bf16 compute, the tiny model.
-LOG_PROB_ATOL = 0.05
+# and in $SMOKE_OUT/update_kernels_gpu.json). Model passes: bf16 compute, the tiny model. On
+# the CPU (inductor's C++ code, bf16, 2026-12-03) compiled against eager measured 0.039 /
+# 0.010 / 0.031 for these three, and eager's own bf16 noise (fp32 against bf16) 0.042 /
+# 0.007 / 0.042: the guesses leave about 2.5 times that.
+LOG_PROB_ATOL = 0.1
 """Largest |log-prob difference| over response tokens, against eager bf16."""
 ENTROPY_ATOL = 0.05
 """Largest |entropy difference| over response tokens, against eager bf16."""
-GRAD_RTOL = 0.05
+GRAD_RTOL = 0.1
 """Largest relative gradient difference ||g - g_eager|| / ||g_eager|| over the parameters."""
-# liger's fused head against the chunked head, per input dtype (same rounding of the logits
-# in both; the matmuls run in other chunk shapes, hence other accumulation orders).
-HEAD_LOG_PROB_ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+# liger's fused head against the chunked head, per input dtype: the same logits rounded to
+# the same dtype, but the matmuls run in other chunk shapes (other accumulation orders), so
+# in bf16 a logit can round one step apart: 0.0625 for a logit near 10.
+HEAD_LOG_PROB_ATOL = {torch.float32: 1e-4, torch.bfloat16: 0.1}
 HEAD_GRAD_RTOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 STEPS = 3
@@ -126,9 +132,9 @@ def with_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- passes and differences ----------------------------------------------------------------
 
 
-def ragged_batch(rows: int, seed: int) -> Batch:
-    """Left-padded prompts and right-padded responses of varied lengths: each seed packs to
-    another token count (a graph specialised to one length would recompile)."""
+def ragged_batch(rows: int, seed: int, device: torch.device) -> Batch:
+    """Left-padded prompts and right-padded responses of varied lengths, on `device`: each
+    seed packs to another token count (a graph specialised to one length would recompile)."""
     g = torch.Generator().manual_seed(seed)
     prompt, response = 24, 16
     prompt_len = torch.randint(2, prompt + 1, (rows,), generator=g)
@@ -145,7 +151,7 @@ def ragged_batch(rows: int, seed: int) -> Batch:
             "responses": ids[:, prompt:],
             "response_mask": response_mask,
         }
-    )
+    ).to(device)
 
 
 @dataclass
@@ -216,10 +222,11 @@ def compare_passes(
     `wrap` around its pass), each compared with `models["eager"]`, and the dynamo graphs
     compiled per step. Returns the per-step differences, their maxima and the graphs."""
     wrap = wrap or {}
+    device = next(models["eager"].parameters()).device
     per_model: dict[str, list[dict[str, Any]]] = {name: [] for name in models if name != "eager"}
     graphs: list[int] = []
     for step in range(STEPS):
-        micro = ragged_batch(4, seed=10 * step + 1)
+        micro = ragged_batch(4, seed=10 * step + 1, device=device)
         before = compiled_graphs()
         results = {}
         for name, model in models.items():
@@ -260,7 +267,12 @@ def build(
 def report(measured: dict[str, Any], key: str, result: dict[str, Any]) -> None:
     measured[key] = result
     print(f"\n[{key}] largest differences: {json.dumps(result['max'])}")
-    print(f"[{key}] graphs compiled per step: {result.get('graphs_per_step')}")
+    if "bf16_noise" in result:
+        print(
+            f"[{key}] bf16 noise (eager fp32 against eager bf16): {json.dumps(result['bf16_noise'])}"
+        )
+    if "graphs_per_step" in result:
+        print(f"[{key}] graphs compiled per step: {result['graphs_per_step']}")
 
 
 def assert_within(result: dict[str, Any], name: str, key: str) -> None:
@@ -271,7 +283,21 @@ def assert_within(result: dict[str, Any], name: str, key: str) -> None:
     assert got["grad_rel"] <= GRAD_RTOL, (key, name, got)
 
 
-# --- liger's module-level patches ----------------------------------------------------------
+# --- liger ---------------------------------------------------------------------------------
+
+
+def need_liger() -> None:
+    """Skip, naming why, where liger-kernel is absent or does not import with this torch and
+    transformers (tests/gpu/lease.sh's env.txt says which)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip(NO_LIGER)
+    try:
+        importlib.import_module("liger_kernel.transformers.monkey_patch")
+    except Exception as error:
+        pytest.skip(
+            f"liger-kernel is installed but does not import: {type(error).__name__}: {error}"
+        )
+
 
 _MISSING = object()
 
@@ -355,30 +381,39 @@ def test_compiled_layers_match_eager_in_bf16(
     assert_within(result, "compiled", key)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
 def test_liger_fused_layers_match_eager_in_bf16(
     model_dir: Path,
     mesh: DeviceMesh,
     device: torch.device,
     measured: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
+    checkpointing: bool,
 ) -> None:
-    pytest.importorskip("liger_kernel", reason=NO_LIGER)
-    eager = build(model_dir, mesh, device, torch.bfloat16)
+    need_liger()
+    ckpt = {"gradient_checkpointing": checkpointing}
+    eager = build(model_dir, mesh, device, torch.bfloat16, **ckpt)
     module = family_module(eager)
     with captured_patches(module) as patches:
         fused = build(
-            model_dir, mesh, device, torch.bfloat16, KernelPlan("actor", fused_ops=FUSED_OPS)
+            model_dir,
+            mesh,
+            device,
+            torch.bfloat16,
+            KernelPlan("actor", fused_ops=FUSED_OPS),
+            **ckpt,
         )
     measured["liger_patched_globals"] = sorted(patches)
     assert "apply_rotary_pos_emb" in patches, sorted(patches)
-    fp32 = build(model_dir, mesh, device, torch.float32)
+    fp32 = build(model_dir, mesh, device, torch.float32, **ckpt)
+    tag = "checkpointing" if checkpointing else "plain"
     models = {"eager": eager, "fused": fused, "eager_fp32": fp32}
     liger = {"fused": lambda: swapped(module, patches)}
 
     # With entropy: liger's norms, rotary embedding and SwiGLU; the chunked head.
     layers = compare_passes(models, PASS, with_entropy=True, wrap=liger)
     layers["bf16_noise"] = layers["max"].pop("eager_fp32")
-    report(measured, "fused_layers", layers)
+    report(measured, f"fused_layers_{tag}", layers)
 
     # Without entropy, the fused model's pass takes liger's fused linear cross-entropy head
     # (PassConfig.fused_head); the eager ones keep the chunked head.
@@ -392,7 +427,7 @@ def test_liger_fused_layers_match_eager_in_bf16(
     fused_head = dataclasses.replace(PASS, fused_head=True)
     per_model: dict[str, list[dict[str, Any]]] = {"fused": [], "eager_fp32": []}
     for step in range(STEPS):
-        micro = ragged_batch(4, seed=10 * step + 2)
+        micro = ragged_batch(4, seed=10 * step + 2, device=device)
         reference = run_pass(eager, micro, PASS, with_entropy=False)
         with swapped(module, patches):
             ours = run_pass(fused, micro, fused_head, with_entropy=False)
@@ -406,17 +441,17 @@ def test_liger_fused_layers_match_eager_in_bf16(
         "bf16_noise": worst(per_model["eager_fp32"]),
         "fused_head_calls": calls[0],
     }
-    report(measured, "fused_layers_and_head", head)
+    report(measured, f"fused_layers_and_head_{tag}", head)
     assert calls[0] == STEPS, f"the fused head ran {calls[0]} times in {STEPS} passes"
-    assert_within(layers, "fused", "fused_layers")
-    assert_within(head, "fused", "fused_layers_and_head")
+    assert_within(layers, "fused", f"fused_layers_{tag}")
+    assert_within(head, "fused", f"fused_layers_and_head_{tag}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_liger_fused_head_matches_chunked_head(
     device: torch.device, measured: dict[str, Any], dtype: torch.dtype
 ) -> None:
-    pytest.importorskip("liger_kernel", reason=NO_LIGER)
+    need_liger()
     result = head_differences(device, dtype)
     key = f"fused_head_{str(dtype).removeprefix('torch.')}"
     measured[key] = result
@@ -443,8 +478,8 @@ def head_differences(
     def run(
         fn: Callable[..., torch.Tensor], compute: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        h = hidden.to(compute).requires_grad_()
-        w = weight.to(compute).requires_grad_()
+        h = hidden.to(compute, copy=True).requires_grad_()  # fresh leaves for every run
+        w = weight.to(compute, copy=True).requires_grad_()
         log_probs = fn(h, w, labels)
         (log_probs.double() * upstream).sum().backward()
         assert h.grad is not None and w.grad is not None
