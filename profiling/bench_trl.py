@@ -9,19 +9,31 @@ examples/data/arithmetic.py writes), its rule reward (hybrid/rewards/arithmetic.
 (num_iterations=1, gradient_accumulation_steps=1, per_device_train_batch_size=32), beta=0 (no
 reference model), AdamW lr 1e-4 constant, gradient clipping 1.0, fp32 throughout (bf16=False, the
 policy loaded in float32, vLLM's dtype forced to float32: TRL passes no dtype to vLLM, which would
-take the checkpoint's bfloat16). Generation: vLLM colocated in the trainer's process
-(use_vllm=True, vllm_mode="colocate", weights pushed into the engine every step), or with
-`--no-vllm` transformers' `generate`.
+take the checkpoint's bfloat16, and our config's 32 MiB KV cache). Generation: vLLM colocated
+in the trainer's process (use_vllm=True, vllm_mode="colocate", weights pushed into the engine
+every step), or with `--no-vllm` transformers' `generate`.
+
+Two departures from TRL as shipped, both needed on this CPU:
+  * TRL 1.16 pushes the weights by calling the vLLM model's `load_weights` one parameter at a
+    time, which fails on vLLM 0.32's CPU backend ("'Parameter' object has no attribute
+    'weight_loader'"; TRL says it supports vLLM 0.22-0.31); by default the push goes through
+    vLLM's `reload_weights` instead, as our engine's `reload` strategy does
+    (`--vllm-sync trl` keeps TRL's own, to see the failure);
+  * vLLM's dtype and KV-cache size, above.
+TRL's default vllm_importance_sampling_correction=True adds a no-grad log-prob pass over the 32
+sequences every step, which our config skips (algorithm.skip_old_log_prob=true);
+`--no-is-correction` turns it off for the same work as ours.
 
 The time of a step is the wall time from the trainer's on_step_begin to its on_step_end callback
-(generation, reward, the loss's forward/backward, clipping, the optimizer step, the weight push
-to vLLM at the next step's start); the period is on_step_end to the next on_step_end (that plus
+(the weight push to vLLM, generation, reward, the log-prob passes, the loss's forward/backward,
+clipping, the optimizer step), split into gen (vLLM's or transformers' generate), sync (the
+weight push), reward and the rest; the period is on_step_end to the next on_step_end (that plus
 the trainer's logging and the data loader). Medians over the steps after `--warmup`.
 
-Needs TRL, which the project does not depend on; install it in a separate environment (see
-/tmp/trl_findings.md of issue 48's measurement or the docstring's recipe below) and run:
+TRL is not a project dependency; install it in a separate virtualenv that reuses the project's
+torch/vLLM/transformers through a .pth file (the project's .venv is left untouched), and run:
 
-    python -m venv /work/trl-venv
+    python3.11 -m venv /work/trl-venv
     echo /work/main/.venv/lib/python3.11/site-packages \\
         > /work/trl-venv/lib/python3.11/site-packages/zz_main_venv.pth
     /work/trl-venv/bin/pip install --no-deps trl && /work/trl-venv/bin/pip install datasets
@@ -43,8 +55,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: hybrid
+
+from hybrid.data.arithmetic_task import make_rows
+from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.rewards.arithmetic import compute_score
 
 try:
     import trl
@@ -61,12 +79,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "and run it with /work/trl-venv/bin/python profiling/bench_trl.py"
     )
 
-import numpy as np
-import torch
-
-from hybrid.data.arithmetic_task import make_rows
-from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.rewards.arithmetic import compute_score
+PHASES: dict[str, float] = {"gen": 0.0, "sync": 0.0, "reward": 0.0}
+"""Seconds spent in each phase since the current step began (reset by StepTimer)."""
 
 PROMPTS = 8  # data.train_batch_size of the demo size
 SAMPLES = 4  # rollout.n
@@ -77,8 +91,25 @@ KV_CACHE_BYTES = 32 * 1024 * 1024  # rollout.kv_cache_memory_bytes of configs/co
 
 def arithmetic_reward(completions: list[Any], ground_truth: list[str], **_: Any) -> list[float]:
     """Our arithmetic rule reward on each completion (conversational: the assistant's text)."""
+    started = time.perf_counter()
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [compute_score(text, gold) for text, gold in zip(texts, ground_truth, strict=True)]
+    scores = [compute_score(text, gold) for text, gold in zip(texts, ground_truth, strict=True)]
+    PHASES["reward"] += time.perf_counter() - started
+    return scores
+
+
+def timed(cls: Any, method: str, phase: str) -> None:
+    """Add the wall time of `cls.method` to PHASES[phase]."""
+    original = getattr(cls, method)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            PHASES[phase] += time.perf_counter() - started
+
+    setattr(cls, method, wrapper)
 
 
 def dataset(num_rows: int = 1000) -> Dataset:
@@ -101,17 +132,22 @@ class StepTimer(TrainerCallback):
         self.periods: list[float] = []
         self.lengths: list[float] = []
         self.rewards: list[float] = []
+        self.phases: list[dict[str, float]] = []
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        PHASES.update(dict.fromkeys(PHASES, 0.0))
         self.began = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
         self.steps.append(now - self.began)
+        rest = self.steps[-1] - sum(PHASES.values())
+        self.phases.append({**PHASES, "rest": rest})
         if self.last_end is not None:
             self.periods.append(now - self.last_end)
         self.last_end = now
-        print(f"step {len(self.steps)}: {self.steps[-1]:.4f} s", flush=True)
+        split = " ".join(f"{k} {v:.4f}" for k, v in self.phases[-1].items())
+        print(f"step {len(self.steps)}: {self.steps[-1]:.4f} s ({split})", flush=True)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
         if logs and "completions/mean_length" in logs:
@@ -147,7 +183,7 @@ def sync_by_reload() -> None:
     def sync_weights(self: Any) -> None:
         if self.mode != "colocate" or self.enable_sleep_mode:
             return original(self)
-        weights = iter(list(self._iter_named_params()))
+        weights = iter([(name, p.detach()) for name, p in self._iter_named_params()])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
         return None
@@ -166,6 +202,11 @@ def main() -> None:
         choices=["reload", "trl"],
         help="weight push: vLLM's reload_weights (default) or TRL's own (fails on vLLM 0.32 CPU)",
     )
+    parser.add_argument(
+        "--no-is-correction",
+        action="store_true",
+        help="vllm_importance_sampling_correction=False: no extra no-grad log-prob pass (as ours)",
+    )
     parser.add_argument("--ignore-eos", action="store_true", help="always 16 new tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
@@ -178,6 +219,12 @@ def main() -> None:
         force_vllm_fp32()
         if args.vllm_sync == "reload":
             sync_by_reload()
+        from trl.generation.vllm_generation import VLLMGeneration
+
+        timed(VLLMGeneration, "sync_weights", "sync")
+        timed(VLLMGeneration, "generate", "gen")
+    else:
+        timed(GRPOTrainer, "_generate_single_turn", "gen")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = build_tiny_model(
@@ -204,6 +251,7 @@ def main() -> None:
             use_vllm=use_vllm,
             vllm_mode="colocate",
             vllm_max_model_length=MAX_MODEL_LEN,
+            vllm_importance_sampling_correction=not args.no_is_correction,
             generation_kwargs={"ignore_eos": True} if args.ignore_eos and use_vllm else None,
             logging_steps=1,
             report_to="none",
@@ -231,12 +279,17 @@ def main() -> None:
     result = {
         "trl": trl.__version__,
         "generation": f"vllm-colocate (sync: {args.vllm_sync})" if use_vllm else "transformers",
+        "is_correction_pass": use_vllm and not args.no_is_correction,
         "policy_dtype": policy_dtype,
         "engine_dtype": engine_dtype,
         "torch_threads": torch.get_num_threads(),
         "steps_measured": len(measured),
         "step_s": round(statistics.median(measured), 4),
         "period_s": round(statistics.median(periods), 4) if periods else None,
+        **{
+            f"{phase}_s": round(statistics.median(p[phase] for p in timer.phases[args.warmup :]), 4)
+            for phase in ("gen", "sync", "reward", "rest")
+        },
         "step_s_all": [round(s, 4) for s in timer.steps],
         "completion_length_mean": (
             round(statistics.median(timer.lengths[args.warmup :]), 1) if timer.lengths else None
