@@ -6,7 +6,8 @@ head then costs T^2 however short the sequences are, and the CPU math kernel mat
 (heads, T, T) scores, so a larger packed micro-batch gets slower per token. Here each
 sequence is attended to on its own with causal sdpa: sum(L_i^2) per head, what flash-attn's
 varlen kernel does on GPU. Short packs (up to DENSE_MAX_TOKENS) take one call with the block
-mask instead, where per-call overhead would dominate. Padded inputs (a 2-D attention mask) take transformers' sdpa path
+mask instead, where per-call overhead would dominate (on a CPU only packs of very short
+sequences: `takes_dense_call`). Padded inputs (a 2-D attention mask) take transformers' sdpa path
 unchanged, so `sdpa_varlen` can stand in for `sdpa` everywhere.
 """
 
@@ -28,8 +29,22 @@ from hybrid.workers.ulysses import ulysses_attention
 
 NAME = "sdpa_varlen"
 # Below this many packed tokens one call with a dense block-causal mask is cheaper than one
-# call per sequence: the T^2 scores are small, and many tiny kernel calls cost more.
+# call per sequence on a GPU: the T^2 scores are small, and many tiny kernel launches cost more.
 DENSE_MAX_TOKENS = 1024
+# On a CPU a call costs little and the masked kernel's backward a lot: forward and backward of
+# 2 heads, d 64, one thread (2026-12-03, AVX-512), per sequence took 0.18-0.61x the dense call's
+# time for 2 to 64 sequences of 500 to 8 tokens, 1.21x for 128 of 4, 2.66x for 256 of 2. So the
+# dense call is taken there only for sequences of at most this many tokens on average (the
+# demo's update: 0.064 -> 0.045 s a step with 32 sequences of ~22 tokens).
+CPU_DENSE_MAX_MEAN_TOKENS = 6
+
+
+def takes_dense_call(tokens: int, sequences: int, device: torch.device) -> bool:
+    """A pack of `tokens` in `sequences` is attended in one call with its block mask (else one
+    causal call per sequence)."""
+    if tokens > DENSE_MAX_TOKENS:
+        return False
+    return device.type != "cpu" or tokens <= CPU_DENSE_MAX_MEAN_TOKENS * sequences
 
 
 def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
@@ -155,7 +170,7 @@ def _attend_packed(
     bounds = layout.bounds
     gqa = query.shape[1] != key.shape[1]
     dropout_p = dropout if module.training else 0.0
-    if query.shape[2] <= DENSE_MAX_TOKENS:
+    if takes_dense_call(query.shape[2], len(bounds), query.device):
         dense_key, dense_value, dense_gqa = masked_kv(query, key, value, expand=query.is_cuda)
         out = F.scaled_dot_product_attention(
             query,

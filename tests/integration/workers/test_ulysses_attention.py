@@ -26,18 +26,20 @@ from hybrid.workers.ulysses import (
     seq_to_heads,
     ulysses_attention,
 )
-from hybrid.workers.varlen_attention import DENSE_MAX_TOKENS, varlen_sdpa_attention
+from hybrid.workers.varlen_attention import takes_dense_call, varlen_sdpa_attention
 from tests.integration.workers.test_fsdp import _spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 ATOL = 1e-5
 HEAD_DIM = 32
-# Valid lengths: 45 and 1089 are odd, so padded for sp = 2 and 4; the sequence edges fall
-# inside shards for both (shards of 23/12 and 545/273 tokens).
-SHORT = (7, 13, 18, 7)
+# Valid lengths: 25 and 1089 are odd, so padded for sp = 2 and 4; the sequence edges fall
+# inside shards for both (shards of 13/7 and 545/273 tokens). The short sequences are short
+# enough for the dense call on a CPU too (takes_dense_call), the long ones take one call each.
+SHORT = (3, 5, 2, 7, 4, 1, 3)
 LONG = (300, 411, 250, 128)
-assert sum(SHORT) <= DENSE_MAX_TOKENS < sum(LONG)
+assert takes_dense_call(sum(SHORT), len(SHORT), torch.device("cpu"))
+assert not takes_dense_call(sum(LONG), len(LONG), torch.device("cpu"))
 
 
 # --- spawned side -------------------------------------------------------------------------

@@ -153,6 +153,7 @@ def test_varlen_attention_equals_the_dense_block_mask(
     sdpa with transformers' dense block-causal mask, values and gradients; padded inputs take
     the plain sdpa path (bit-identical)."""
     monkeypatch.setattr(varlen_attention, "DENSE_MAX_TOKENS", dense_max_tokens)
+    monkeypatch.setattr(varlen_attention, "CPU_DENSE_MAX_MEAN_TOKENS", dense_max_tokens)
     path = build_tiny_model(
         tmp_path_factory.mktemp("varlen"), TinyModelConfig.preset("tiny", dtype="float32"), seed=0
     )
@@ -175,6 +176,17 @@ def test_varlen_attention_equals_the_dense_block_mask(
     assert max((dense_grads[n] - split_grads[n]).abs().max().item() for n in dense_grads) < 1e-5
 
 
+def test_a_cpu_takes_the_dense_call_only_for_very_short_sequences() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    mean = varlen_attention.CPU_DENSE_MAX_MEAN_TOKENS
+    assert varlen_attention.takes_dense_call(32 * mean, 32, cpu)
+    assert not varlen_attention.takes_dense_call(32 * (mean + 1), 32, cpu)
+    assert varlen_attention.takes_dense_call(32 * (mean + 1), 32, cuda)  # launches cost more
+    over = varlen_attention.DENSE_MAX_TOKENS + 1
+    assert not varlen_attention.takes_dense_call(over, over, cpu)
+    assert not varlen_attention.takes_dense_call(over, 2, cuda)
+
+
 def test_sequence_bounds_split_where_positions_restart() -> None:
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]])
     assert varlen_attention.sequence_bounds(positions) == [(0, 3), (3, 5), (5, 6), (6, 10)]
@@ -189,6 +201,7 @@ def test_a_pass_reads_the_packed_bounds_once_not_per_layer(
     """The bounds come off the device (a host sync on a GPU) on the first layer of a forward;
     the other layers reuse them, and the short pack's block mask, built once."""
     monkeypatch.setattr(varlen_attention, "DENSE_MAX_TOKENS", dense_max_tokens)
+    monkeypatch.setattr(varlen_attention, "CPU_DENSE_MAX_MEAN_TOKENS", dense_max_tokens)
     config = TinyModelConfig.preset("tiny", dtype="float32")
     path = build_tiny_model(tmp_path_factory.mktemp("varlen_once"), config, seed=0)
     varlen = AutoModelForCausalLM.from_pretrained(
