@@ -12,7 +12,6 @@ graphs included.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,19 +19,18 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from hybrid.data import Batch
 from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.ports import free_port
 from hybrid.workers.compiled_blocks import compile_blocks, compiled_graphs, is_compiled
 from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, decoder_layers
 from hybrid.workers.grad_reduce import step_gradients
 from hybrid.workers.policy import PolicyTrainer
+from tests.integration.workers.test_fsdp import _spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -186,38 +184,6 @@ def _grad_reduce_run(rank: int, mesh: DeviceMesh, model_dir: Path) -> dict[str, 
         _scores_and_grads(model, _ragged_batch(2, seed=5))
         out[f"{key}_reduces_after"] = calls[0] - before
     return out
-
-
-def _entry(
-    rank: int,
-    fn: Callable[..., dict[str, Any]],
-    port: int,
-    out_dir: Path,
-    args: tuple,
-) -> None:
-    torch.set_num_threads(1)  # 2 ranks on 2 cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
-        result = fn(rank, mesh, *args)
-        written = out_dir / f"result_rank{rank}.pt.tmp"
-        torch.save(result, written)
-        written.rename(out_dir / f"result_rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any) -> list[dict[str, Any]]:
-    mp.start_processes(
-        _entry,
-        args=(fn, free_port(), out_dir, args),
-        nprocs=WORLD,
-        join=True,
-        start_method="spawn",
-    )
-    return [torch.load(out_dir / f"result_rank{r}.pt") for r in range(WORLD)]
 
 
 @pytest.fixture(autouse=True)
