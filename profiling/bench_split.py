@@ -6,10 +6,12 @@ all alike:
   colocated            2 workers, each generating and training in turn
   split on-policy      1 explorer + 1 trainer, fixed interval 1 offset 0 (lag 0)
   split one-step-off   the same with offset 1 (generation of step k+1 overlaps update k)
-Each prints the median step period (after `--warmup` steps), generated tokens per second and
-the median generation and update times;
+Each prints the median step (timing_s/step, after `--warmup` steps) and step period (between
+the ends of consecutive steps: the step plus the publish and the logging after it), generated
+tokens per second over the step, and the median generation, update and publish times;
 the last lines give one-step-off / on-policy and split / colocated tokens/s (target: one-step-
-off >= 1.4x on-policy).
+off >= 1.4x on-policy) and one-step-off's step and period over max(generate, update +
+publish), what a perfect overlap would take (target: step <= 1.1x).
 
 Part 2 (`--sync-preset`, default bench-100m, engine in `--sync-dtype`, default bf16): per
 transport (nccl, memory, checkpoint), the median time from the trainer starting to publish a
@@ -26,6 +28,7 @@ transport <= 2x its medium's floor. Last line: a JSON object with everything.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -69,14 +72,27 @@ def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[st
     return run_any(root, name, steps, [*extra, *overrides])
 
 
-def throughput(rows: list[dict[str, Any]], samples_per_step: int) -> dict[str, float]:
-    """Median step period and tokens/s, and the two halves that one-step-off overlaps."""
+def throughput(
+    rows: list[dict[str, Any]], samples_per_step: int, periods: list[float]
+) -> dict[str, float]:
+    """Median step, period (`periods`: one run's `step_periods`, or several runs' joined) and
+    tokens/s, and the two halves that one-step-off overlaps."""
     step = statistics.median(r["timing_s/step"] for r in rows)
     tokens = statistics.median(r["response_length/mean"] for r in rows) * samples_per_step
-    out = {"step_s": round(step, 4), "tokens_per_s": round(tokens / step, 1)}
-    for key in ("gen", "update_actor"):
-        out[f"{key}_s"] = round(statistics.median(r[f"timing_s/{key}"] for r in rows), 4)
+    out = {
+        "step_s": round(step, 4),
+        "period_s": round(statistics.median(periods), 4),
+        "tokens_per_s": round(tokens / step, 1),
+    }
+    for key in ("gen", "update_actor", "publish"):
+        out[f"{key}_s"] = round(statistics.median(r.get(f"timing_s/{key}", 0.0) for r in rows), 4)
     return out
+
+
+def step_periods(rows: list[dict[str, Any]]) -> list[float]:
+    """Seconds between the ends of consecutive steps of one run."""
+    ends = [r["timing_s/elapsed"] for r in rows]
+    return [b - a for a, b in itertools.pairwise(ends)]
 
 
 def main() -> None:
@@ -120,25 +136,39 @@ def throughputs(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     cfg = compose_run(root, "config", args.steps, overrides)
     per_step = cfg.data.train_batch_size * cfg.rollout.n
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    periods: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for round_index in range(args.rounds):
         for name, variant in VARIANTS.items():
             rows = run(root, f"{name}_{round_index}", args.steps, [*variant, *overrides])
-            measured[name] += rows[args.warmup :]
-            print(f"round {round_index + 1} {name}: {throughput(rows[args.warmup :], per_step)}")
+            kept = rows[args.warmup :]
+            measured[name] += kept
+            periods[name] += step_periods(kept)
+            print(
+                f"round {round_index + 1} {name}: {throughput(kept, per_step, step_periods(kept))}"
+            )
     for name, rows in measured.items():
-        report[name] = throughput(rows, per_step)
+        report[name] = throughput(rows, per_step, periods[name])
         got = report[name]
         print(
-            f"{name:20s} step {got['step_s']:.3f} s  {got['tokens_per_s']:.0f} tokens/s  "
-            f"(gen {got['gen_s']:.3f} s, update {got['update_actor_s']:.3f} s)"
+            f"{name:20s} step {got['step_s']:.3f} s (period {got['period_s']:.3f} s)  "
+            f"{got['tokens_per_s']:.0f} tokens/s  (gen {got['gen_s']:.3f} s, update "
+            f"{got['update_actor_s']:.3f} s, publish {got['publish_s']:.3f} s)"
         )
     off, on = report["split_one_step_off"], report["split_on_policy"]
     report["one_step_off_over_on_policy"] = round(off["tokens_per_s"] / on["tokens_per_s"], 3)
     report["split_on_policy_over_colocated"] = round(
         on["tokens_per_s"] / report["colocated"]["tokens_per_s"], 3
     )
+    overlapped = max(off["gen_s"], off["update_actor_s"] + off["publish_s"])
+    report["one_step_off_step_over_overlap"] = round(off["step_s"] / overlapped, 3)
+    report["one_step_off_period_over_overlap"] = round(off["period_s"] / overlapped, 3)
     print(
         f"one-step-off / on-policy tokens/s: {report['one_step_off_over_on_policy']} (target >= 1.4)"
+    )
+    print(
+        f"one-step-off step / max(generate, update + publish) = {overlapped:.3f} s: "
+        f"{report['one_step_off_step_over_overlap']} (target <= 1.1), period "
+        f"{report['one_step_off_period_over_overlap']}"
     )
     return report
 

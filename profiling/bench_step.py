@@ -27,6 +27,7 @@ dtype `auto` picks on this machine matters here. Last line: a JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -99,9 +100,17 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     gen, switch = median("timing_s/gen"), median("timing_s/mode_switch")
     sync = median("timing_s/sync_gather") + median("timing_s/sync_load")
     call = median("timing_s/rollout_call")
+    # Between the ends of consecutive steps of one run: the step plus what follows it (the
+    # metric sinks, the memory ledger's drain, a checkpoint when due).
+    periods = [
+        b["timing_s/elapsed"] - a["timing_s/elapsed"]
+        for a, b in itertools.pairwise(rows)
+        if b["step"] == a["step"] + 1
+    ]
     return {
         "steps_measured": len(rows),
         "step_s": round(step, 4),
+        "period_s": round(statistics.median(periods), 4) if periods else float("nan"),
         "gen_s": round(gen, 4),
         "sync_s": round(sync, 4),
         "sync_gather_s": round(median("timing_s/sync_gather"), 4),

@@ -76,18 +76,17 @@ def mini_batch_rows_per_worker(config: TrainerRunConfig) -> int:
 def on_policy_update(config: TrainerRunConfig) -> bool:
     """One epoch over one mini-batch: the old log-probs (taken under the weights the update
     starts from) are the update's own first pass, its ratio exactly 1, so the separate
-    old-log-prob pass is skipped. Colocated: a train batch is one update; fully_async: what
-    the trainer takes for one update. Split keeps the pass: some of its rows are the probes
-    that check each explorer's copy of the version (SyncFollower)."""
+    old-log-prob pass is skipped. Colocated and split: a train batch is one update;
+    fully_async: what the trainer takes for one update. Split still scores its probe rows,
+    the few that check each explorer's copy of the version (SyncFollower), in a pass of their
+    own (RolloutSource.probe_rows)."""
     algorithm = config.algorithm
     if algorithm.use_kl_in_reward:
         return False  # the penalty is taken between the old and the reference log-probs
     if config.trainer.mode == "fully_async":
         groups = groups_per_update(config)
-    elif config.trainer.mode == "colocated":
-        groups = config.data.train_batch_size
     else:
-        return False
+        groups = config.data.train_batch_size
     return (
         algorithm.skip_old_log_prob
         and config.actor.ppo_epochs == 1

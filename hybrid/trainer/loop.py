@@ -331,6 +331,7 @@ class Driver:
                     self.source.lag_bound,
                     moved,
                     rollout.rewards,
+                    self.source.probe_rows,
                 )
             )
             self.source.trained(results[-1], trained_on)

@@ -111,6 +111,9 @@ class StepResult:
     worker: dict[str, float]
     """What the actor-side workers recorded since the last step (their timings and memory),
     for the rollout source and the weight publisher to pick their figures from."""
+    probes: Batch | None = None
+    """The batch's first `probe_rows` rows with the actor's log-probs under the version it
+    trained on (`old_log_probs`), for the source's sync probes; None when none were asked."""
 
 
 class TrainStep:
@@ -134,11 +137,13 @@ class TrainStep:
         lag_bound: int,
         actor_moved: bool = False,
         rewards: Scores | None = None,
+        probe_rows: int = 0,
     ) -> StepResult:
         """Score `rollout` and update on it. `trained_on`: the version the actor last published;
         `lag_bound`: the most versions a token may lag (0 colocated); `actor_moved`: the actor
         has updated since that publish (no token is fresh then); `rewards`: its rule rewards
-        when the source started them already."""
+        when the source started them already; `probe_rows`: the first rows to return with the
+        actor's log-probs under `trained_on` (StepResult.probes)."""
         c = self.config
         mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
         lag = version_lag(versions, mask, trained_on)[mask.bool()]
@@ -151,8 +156,13 @@ class TrainStep:
         fresh = mask * (versions == trained_on)
         if actor_moved:
             fresh = torch.zeros_like(fresh)
+        probe_pass = None
         if c.on_policy_update:  # the update's own first pass checks them
             rollout = rollout.union(Batch.from_dict({"fresh_mask": fresh}))
+            if probe_rows:
+                # No old-log-prob pass over the batch: only the probe rows get one, queued
+                # on the actor ahead of the update, so it runs under `trained_on`.
+                probe_pass = self.members.actor.compute_log_prob.submit(rollout[:probe_rows])
         rollout, metrics = self.score(rollout, rewards)
 
         trained = rollout
@@ -208,7 +218,12 @@ class TrainStep:
         metrics.setdefault("actor/kl_loss", 0.0)
         metrics.setdefault("rollout/logprob_diff_mean", 0.0)
         metrics.setdefault("rollout/logprob_diff_max", 0.0)
-        return StepResult(rollout, metrics, worker)
+        probes = None
+        if probe_pass is not None:
+            probes = rollout[:probe_rows].union(probe_pass.get())
+        elif probe_rows and "old_log_probs" in rollout:
+            probes = rollout[:probe_rows]
+        return StepResult(rollout, metrics, worker, probes)
 
     # --- scoring ----------------------------------------------------------------------------
 

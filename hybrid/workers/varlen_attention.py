@@ -31,12 +31,12 @@ NAME = "sdpa_varlen"
 # Below this many packed tokens one call with a dense block-causal mask is cheaper than one
 # call per sequence on a GPU: the T^2 scores are small, and many tiny kernel launches cost more.
 DENSE_MAX_TOKENS = 1024
-# On a CPU a call costs little and the masked kernel's backward a lot: forward and backward of
-# 2 heads, d 64, one thread (2026-12-03, AVX-512), per sequence took 0.18-0.61x the dense call's
-# time for 2 to 64 sequences of 500 to 8 tokens, 1.21x for 128 of 4, 2.66x for 256 of 2. So the
-# dense call is taken there only for sequences of at most this many tokens on average (the
-# demo's update: 0.064 -> 0.045 s a step with 32 sequences of ~22 tokens).
-CPU_DENSE_MAX_MEAN_TOKENS = 6
+# On a CPU a call costs little and the masked kernel's backward a lot: forward and backward,
+# d 64, one thread (AVX-512, 2026-12-03), the calls per sequence (split, below) took 0.16-0.87x
+# the dense call's time for 32 to 256 sequences of 2.5 to 8 tokens on average at 2 and 12
+# heads, except 32 sequences of 4 tokens at 2 heads (2.06x); longer sequences favour them more.
+# So the dense call is taken there only for sequences of at most this many tokens on average.
+CPU_DENSE_MAX_MEAN_TOKENS = 4
 
 
 def takes_dense_call(tokens: int, sequences: int, device: torch.device) -> bool:
@@ -84,6 +84,11 @@ class PackedLayout:
             if held is not tensor or (tensor is not None and tensor._version != version):
                 return False
         return True
+
+    @property
+    def lengths(self) -> list[int]:
+        """Each sequence's token count, in order."""
+        return [end - start for start, end in self.bounds]
 
     def block_mask(self, device: torch.device) -> torch.Tensor:
         """(T, T) bool: causal within each sequence, nothing across them."""
@@ -182,17 +187,20 @@ def _attend_packed(
             enable_gqa=dense_gqa,
         )
         return out.transpose(1, 2).contiguous(), None
+    # One split per tensor rather than a slice per sequence: backward then joins the
+    # sequences' gradients in one cat, where each slice's backward would zero-fill a
+    # full-length buffer (forward + backward 0.37-0.98x the slices' time on a CPU).
+    lengths = layout.lengths
     segments = [
         F.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout_p,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=gqa,
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scaling, enable_gqa=gqa
         )
-        for start, end in bounds
+        for q, k, v in zip(
+            query.split(lengths, dim=2),
+            key.split(lengths, dim=2),
+            value.split(lengths, dim=2),
+            strict=True,
+        )
     ]
     return torch.cat(segments, dim=2).transpose(1, 2).contiguous(), None
 

@@ -37,6 +37,9 @@ class Rollout:
 class RolloutSource(Protocol):
     lag_bound: int
     """The most weight versions a trained token may lag (0: always on-policy)."""
+    probe_rows: int
+    """The first rows of each batch that `trained` needs with the trainer's log-probs under
+    the version it trained on (`old_log_probs`; split's sync probes), 0: none."""
 
     def start(self, step: int) -> None:
         """Begin producing for the steps after `step` (after the initial weight sync)."""

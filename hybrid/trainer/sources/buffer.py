@@ -165,6 +165,10 @@ class BufferSource:
         self.config = side.config
         policy = side.publisher.policy
         self.lag_bound = policy.lag_bound()
+        self.probe_rows = min(
+            side.config.data.train_batch_size * side.config.rollout.n,
+            PROBE_ROWS_PER_EXPLORER * side.config.trainer.num_explorer_workers,
+        )
         # Room for the batches the style lets the explorer run ahead (a bigger one never fills).
         groups = side.config.data.train_batch_size * policy.buffer_batches()
         self.buffer = ExperienceBufferActor.remote(side.config.rollout.n, groups)
@@ -199,12 +203,7 @@ class BufferSource:
     def trained(self, result: StepResult, trained_on: int) -> None:
         """A few trained rows, scored under the version the actor holds, check the explorer's
         copy of that version before it moves on (SyncFollower._probe)."""
-        rows = min(
-            len(result.batch), PROBE_ROWS_PER_EXPLORER * self.config.trainer.num_explorer_workers
-        )
-        probe = (
-            result.batch.select(PROBE_COLUMNS)[:rows] if "old_log_probs" in result.batch else None
-        )
+        probe = None if result.probes is None else result.probes.select(PROBE_COLUMNS)
         # Older versions' probes go: the explorer skipped them.
         self.side.publisher.take_probe(trained_on, probe, trained_on - self.lag_bound - 1)
 

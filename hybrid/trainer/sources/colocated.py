@@ -25,6 +25,7 @@ from hybrid.trainer.step import StepResult
 
 class ColocatedSource:
     lag_bound = 0
+    probe_rows = 0
 
     def __init__(
         self, actor: WorkerGroupView, feed: PromptFeed, sampling: DynamicSampling | None = None

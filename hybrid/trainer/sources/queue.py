@@ -60,6 +60,7 @@ class QueueSource:
         self.config, self.feed = side.config, side.feed
         config = side.config
         self.lag_bound = config.fully_async.max_version_lag
+        self.probe_rows = 0
         self.budget = production_budget(
             config.fully_async.staleness_threshold, config.groups_per_version
         )

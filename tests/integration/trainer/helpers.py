@@ -23,6 +23,17 @@ instead of two (each costs about 13 s of CPU to start, most of it imports). The 
 FSDP and sync paths run in every real-engine test."""
 
 
+def without_leak_report(stderr: str) -> str:
+    """`stderr` without the report nanobind (Triton's bindings) prints at interpreter exit:
+    some hundred lines of leaked functions and types, after the error a test looks for."""
+    return "\n".join(
+        line
+        for line in stderr.splitlines()
+        if not line.startswith(("nanobind: ", " - leaked ", " - ... skipped remainder"))
+        and "nanobind.readthedocs.io" not in line
+    )
+
+
 def write_assets(root: Path, preset: PresetName = "tiny") -> Path:
     """root/model (tiny Qwen2, or the preset's model; arithmetic vocabulary), root/train.jsonl,
     root/test.jsonl."""

@@ -48,7 +48,7 @@ def test_a_deadline_that_is_not_a_positive_number_is_named(bad: object) -> None:
 
 
 def test_progress_records_the_call_and_the_last_boundary(tmp_path: Path) -> None:
-    writer = ProgressWriter(tmp_path, rank=3)
+    writer = ProgressWriter(tmp_path, rank=3, flush_s=0)  # every change written at once
     writer.call_started("actor_rollout.generate_sequences")
     writer.boundary("sync/wake_weights")
     seen = read_progress(tmp_path, 3)
@@ -62,6 +62,33 @@ def test_progress_records_the_call_and_the_last_boundary(tmp_path: Path) -> None
     done = read_progress(tmp_path, 3)
     assert done is not None and not done.running
     assert done.describe(time.time()).startswith("idle: actor_rollout.generate_sequences finished")
+
+
+def test_the_progress_thread_writes_the_newest_record_without_writing_every_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = 0
+    write = ProgressWriter._write
+
+    def counted(self: ProgressWriter) -> None:
+        nonlocal writes
+        writes += 1
+        write(self)
+
+    monkeypatch.setattr(ProgressWriter, "_write", counted)
+    writer = ProgressWriter(tmp_path, rank=0, flush_s=0.05)
+    writer.call_started("actor.update_actor")
+    for index in range(500):  # a small step passes dozens of boundaries in milliseconds
+        writer.boundary(f"update/forward {index}")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        seen = read_progress(tmp_path, 0)
+        if seen is not None and seen.boundary == "update/forward 499":
+            break
+        time.sleep(0.01)
+    assert seen is not None and seen.call == "actor.update_actor"
+    assert seen.boundary == "update/forward 499", seen
+    assert writes < 100, f"{writes} writes for 501 changes"
 
 
 def test_a_missing_or_torn_progress_file_reads_as_none(tmp_path: Path) -> None:
@@ -98,7 +125,7 @@ def test_process_state_reads_a_command_name_with_spaces_and_parentheses(tmp_path
 def test_the_stall_error_names_phase_ranks_deadline_and_what_each_rank_did(
     tmp_path: Path,
 ) -> None:
-    ProgressWriter(tmp_path, rank=1).call_started("trainer.update_actor")
+    ProgressWriter(tmp_path, rank=1, flush_s=0).call_started("trainer.update_actor")
     watch = Watch(Deadlines(5.0), tmp_path, local_pids={1: os.getpid()})
     error = watch.stall_error("trainer.update_actor", [0, 1], 15.2, "first call")
     assert isinstance(error, StallError) and isinstance(error, TimeoutError)

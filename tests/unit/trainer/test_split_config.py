@@ -48,6 +48,20 @@ def test_bad_split_input_names_the_field(override: str, message: str) -> None:
         split_config(override)
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_split_update_of_one_mini_batch_skips_the_old_log_prob_pass(offset: int) -> None:
+    """One step off too: PPO's old policy is the weights the update starts from, not the
+    version that sampled the tokens (the corrections compare those with the first forward)."""
+    assert split_config(f"sync.offset={offset}").on_policy_update
+    two = split_config(
+        f"sync.offset={offset}", "data.train_batch_size=16", "algorithm.ppo_mini_batch_size=8"
+    )
+    assert not two.on_policy_update
+    assert not split_config(
+        f"sync.offset={offset}", "algorithm.skip_old_log_prob=false"
+    ).on_policy_update
+
+
 def test_checkpoint_method_with_a_directory_builds(tmp_path: Path) -> None:
     config = split_config("sync.method=checkpoint", f"sync.checkpoint_dir={tmp_path}")
     assert config.sync.checkpoint_dir == str(tmp_path)
