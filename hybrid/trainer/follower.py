@@ -122,6 +122,11 @@ class SyncFollower:
         if not explorer_syncs(view, held, wanted, takes_newer, self.channel.rendezvous):
             return held
         self.sync.set_state("explorer", REQUIRE, held)
+        # The trainer hands a version's probe over before its update: one already here is
+        # scored now, while the trainer trains, instead of while it waits to send (a
+        # rendezvous); one made later is scored once the offer is in, as the engines still
+        # hold `held` until the load.
+        self._probe(held)
         version = self.route.version_to_load(view, held, min_version)
         if version is None:
             if timeout_error is not None:
@@ -133,7 +138,8 @@ class SyncFollower:
         return version
 
     def _probe(self, version: int) -> None:
-        """Score the probe of the version the engines hold, if the trainer has made one."""
+        """Score the probe of the version the engines hold, if the trainer has made one (a
+        probe is scored once: popped)."""
         probe = self.exchange.pop_probe(version)
         if probe is None:
             return

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -332,6 +333,7 @@ class Driver:
                     moved,
                     rollout.rewards,
                     self.source.probe_rows,
+                    partial(self.source.probes_scored, trained_on=trained_on),
                 )
             )
             self.source.trained(results[-1], trained_on)

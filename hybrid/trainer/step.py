@@ -19,6 +19,7 @@ every mode (STEP_KEYS, tested), so a dashboard reads every run alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,9 +112,6 @@ class StepResult:
     worker: dict[str, float]
     """What the actor-side workers recorded since the last step (their timings and memory),
     for the rollout source and the weight publisher to pick their figures from."""
-    probes: Batch | None = None
-    """The batch's first `probe_rows` rows with the actor's log-probs under the version it
-    trained on (`old_log_probs`), for the source's sync probes; None when none were asked."""
 
 
 class TrainStep:
@@ -138,12 +136,14 @@ class TrainStep:
         actor_moved: bool = False,
         rewards: Scores | None = None,
         probe_rows: int = 0,
+        on_probes: Callable[[Batch], None] | None = None,
     ) -> StepResult:
         """Score `rollout` and update on it. `trained_on`: the version the actor last published;
         `lag_bound`: the most versions a token may lag (0 colocated); `actor_moved`: the actor
         has updated since that publish (no token is fresh then); `rewards`: its rule rewards
-        when the source started them already; `probe_rows`: the first rows to return with the
-        actor's log-probs under `trained_on` (StepResult.probes)."""
+        when the source started them already; `probe_rows`: the first rows to hand to
+        `on_probes`, with the actor's log-probs under `trained_on` (`old_log_probs`), as soon
+        as they are scored (before the update)."""
         c = self.config
         mask, versions = rollout.tensors["response_mask"], rollout.tensors["versions"]
         lag = version_lag(versions, mask, trained_on)[mask.bool()]
@@ -164,6 +164,12 @@ class TrainStep:
                 # on the actor ahead of the update, so it runs under `trained_on`.
                 probe_pass = self.members.actor.compute_log_prob.submit(rollout[:probe_rows])
         rollout, metrics = self.score(rollout, rewards)
+        if probe_rows and on_probes is not None:
+            # Handed over before the update: an explorer can score them while it trains.
+            if probe_pass is not None:
+                on_probes(rollout[:probe_rows].union(probe_pass.get()))
+            elif "old_log_probs" in rollout:
+                on_probes(rollout[:probe_rows])
 
         trained = rollout
         if c.algorithm.off_policy_correction == "mask":
@@ -218,12 +224,7 @@ class TrainStep:
         metrics.setdefault("actor/kl_loss", 0.0)
         metrics.setdefault("rollout/logprob_diff_mean", 0.0)
         metrics.setdefault("rollout/logprob_diff_max", 0.0)
-        probes = None
-        if probe_pass is not None:
-            probes = rollout[:probe_rows].union(probe_pass.get())
-        elif probe_rows and "old_log_probs" in rollout:
-            probes = rollout[:probe_rows]
-        return StepResult(rollout, metrics, worker, probes)
+        return StepResult(rollout, metrics, worker)
 
     # --- scoring ----------------------------------------------------------------------------
 

@@ -38,8 +38,8 @@ class RolloutSource(Protocol):
     lag_bound: int
     """The most weight versions a trained token may lag (0: always on-policy)."""
     probe_rows: int
-    """The first rows of each batch that `trained` needs with the trainer's log-probs under
-    the version it trained on (`old_log_probs`; split's sync probes), 0: none."""
+    """The first rows of each batch that `probes_scored` wants with the trainer's log-probs
+    under the version it trains on (split's sync probes); 0: none."""
 
     def start(self, step: int) -> None:
         """Begin producing for the steps after `step` (after the initial weight sync)."""
@@ -48,6 +48,11 @@ class RolloutSource(Protocol):
     def batches(self, step: int) -> Iterator[Rollout]:
         """The rollouts train step `step` updates on, one update each, in order (several
         when fully_async takes trigger_parameter_sync_step updates per step)."""
+        ...
+
+    def probes_scored(self, probes: Batch, trained_on: int) -> None:
+        """A batch's first `probe_rows` rows, with `old_log_probs` under `trained_on`: scored,
+        its update about to start."""
         ...
 
     def trained(self, result: StepResult, trained_on: int) -> None:

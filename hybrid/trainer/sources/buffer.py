@@ -200,12 +200,16 @@ class BufferSource:
         self.wait_s = time.perf_counter() - started
         return list(samples)
 
-    def trained(self, result: StepResult, trained_on: int) -> None:
-        """A few trained rows, scored under the version the actor holds, check the explorer's
-        copy of that version before it moves on (SyncFollower._probe)."""
-        probe = None if result.probes is None else result.probes.select(PROBE_COLUMNS)
+    def probes_scored(self, probes: Batch, trained_on: int) -> None:
+        """A few rows, scored under the version the actor holds, check the explorer's copy of
+        that version before it moves on (SyncFollower._probe); handed over before the update,
+        so the explorer can score them while the trainer trains."""
         # Older versions' probes go: the explorer skipped them.
-        self.side.publisher.take_probe(trained_on, probe, trained_on - self.lag_bound - 1)
+        oldest_kept = trained_on - self.lag_bound - 1
+        self.side.publisher.take_probe(trained_on, probes.select(PROBE_COLUMNS), oldest_kept)
+
+    def trained(self, result: StepResult, trained_on: int) -> None:
+        pass
 
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
         assert self.loop is not None

@@ -57,6 +57,9 @@ class ColocatedSource:
         self.rollout_s += time.perf_counter() - started
         return with_version(rollout, step - 1)
 
+    def probes_scored(self, probes: Batch, trained_on: int) -> None:
+        pass  # probe_rows = 0: never asked
+
     def trained(self, result: StepResult, trained_on: int) -> None:
         pass
 

@@ -164,6 +164,9 @@ class QueueSource:
         samples = ray.get(self.queue.take.remote(groups, trainer_version, POLL_S, 1))
         return None if samples is None else list(samples)
 
+    def probes_scored(self, probes: Batch, trained_on: int) -> None:
+        pass  # probe_rows = 0: never asked
+
     def trained(self, result: StepResult, trained_on: int) -> None:
         pass
 
