@@ -28,7 +28,6 @@ transport <= 2x its medium's floor. Last line: a JSON object with everything.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_step import compose_run, prepare
+from bench_step import compose_run, prepare, step_periods
 from bench_step import run as run_any
 from sync_floors import checkpoint_floor, memcpy_floor, memory_floor, nccl_floor, read_model_weights
 
@@ -72,11 +71,9 @@ def run(root: Path, name: str, steps: int, overrides: list[str]) -> list[dict[st
     return run_any(root, name, steps, [*extra, *overrides])
 
 
-def throughput(
-    rows: list[dict[str, Any]], samples_per_step: int, periods: list[float]
-) -> dict[str, float]:
-    """Median step, period (`periods`: one run's `step_periods`, or several runs' joined) and
-    tokens/s, and the two halves that one-step-off overlaps."""
+def throughput(rows: list[dict[str, Any]], samples_per_step: int) -> dict[str, float]:
+    """Median step, period and tokens/s, and the two halves that one-step-off overlaps."""
+    periods = step_periods(rows)
     step = statistics.median(r["timing_s/step"] for r in rows)
     tokens = statistics.median(r["response_length/mean"] for r in rows) * samples_per_step
     out = {
@@ -87,12 +84,6 @@ def throughput(
     for key in ("gen", "update_actor", "publish"):
         out[f"{key}_s"] = round(statistics.median(r.get(f"timing_s/{key}", 0.0) for r in rows), 4)
     return out
-
-
-def step_periods(rows: list[dict[str, Any]]) -> list[float]:
-    """Seconds between the ends of consecutive steps of one run."""
-    ends = [r["timing_s/elapsed"] for r in rows]
-    return [b - a for a, b in itertools.pairwise(ends)]
 
 
 def main() -> None:
@@ -136,18 +127,13 @@ def throughputs(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     cfg = compose_run(root, "config", args.steps, overrides)
     per_step = cfg.data.train_batch_size * cfg.rollout.n
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
-    periods: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for round_index in range(args.rounds):
         for name, variant in VARIANTS.items():
             rows = run(root, f"{name}_{round_index}", args.steps, [*variant, *overrides])
-            kept = rows[args.warmup :]
-            measured[name] += kept
-            periods[name] += step_periods(kept)
-            print(
-                f"round {round_index + 1} {name}: {throughput(kept, per_step, step_periods(kept))}"
-            )
+            measured[name] += rows[args.warmup :]
+            print(f"round {round_index + 1} {name}: {throughput(rows[args.warmup :], per_step)}")
     for name, rows in measured.items():
-        report[name] = throughput(rows, per_step, periods[name])
+        report[name] = throughput(rows, per_step)
         got = report[name]
         print(
             f"{name:20s} step {got['step_s']:.3f} s (period {got['period_s']:.3f} s)  "

@@ -92,6 +92,17 @@ def run_steps(root: Path, name: str, steps: int, overrides: list[str]) -> list[d
     return run(root, name, steps, overrides)[1:]  # the first step warms up
 
 
+def step_periods(rows: list[dict[str, Any]]) -> list[float]:
+    """Seconds between the ends of consecutive steps of one run (`rows` may join several:
+    their seams are left out): the step plus what follows it (the metric sinks, the memory
+    ledger's drain, a split run's publish, a checkpoint when due)."""
+    return [
+        b["timing_s/elapsed"] - a["timing_s/elapsed"]
+        for a, b in itertools.pairwise(rows)
+        if b["step"] == a["step"] + 1
+    ]
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     def median(key: str) -> float:
         return statistics.median(row.get(key, 0.0) for row in rows)
@@ -100,13 +111,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     gen, switch = median("timing_s/gen"), median("timing_s/mode_switch")
     sync = median("timing_s/sync_gather") + median("timing_s/sync_load")
     call = median("timing_s/rollout_call")
-    # Between the ends of consecutive steps of one run: the step plus what follows it (the
-    # metric sinks, the memory ledger's drain, a checkpoint when due).
-    periods = [
-        b["timing_s/elapsed"] - a["timing_s/elapsed"]
-        for a, b in itertools.pairwise(rows)
-        if b["step"] == a["step"] + 1
-    ]
+    periods = step_periods(rows)
     return {
         "steps_measured": len(rows),
         "step_s": round(step, 4),

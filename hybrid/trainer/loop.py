@@ -336,7 +336,6 @@ class Driver:
                     partial(self.source.probes_scored, trained_on=trained_on),
                 )
             )
-            self.source.trained(results[-1], trained_on)
         step_s = time.perf_counter() - started
         if snapshot:
             out = Path(self.config.trainer.output_dir) / "memory_snapshots"

@@ -17,7 +17,6 @@ from typing import Protocol
 from hybrid.data import Batch
 from hybrid.rewards.manager import Scores
 from hybrid.rollout.base import Sampling
-from hybrid.trainer.step import StepResult
 
 SOURCE_KEYS = frozenset({"timing_s/gen", "timing_s/trainer_wait"})
 """Keys every source adds to a step's metrics."""
@@ -53,10 +52,6 @@ class RolloutSource(Protocol):
     def probes_scored(self, probes: Batch, trained_on: int) -> None:
         """A batch's first `probe_rows` rows, with `old_log_probs` under `trained_on`: scored,
         its update about to start."""
-        ...
-
-    def trained(self, result: StepResult, trained_on: int) -> None:
-        """One of this step's batches was scored and trained on under `trained_on`."""
         ...
 
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:

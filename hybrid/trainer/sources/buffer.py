@@ -34,7 +34,6 @@ from hybrid.rollout.base import Sampling
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide, poll, stop_side
 from hybrid.trainer.sources.group_filter import DynamicSampling
-from hybrid.trainer.step import StepResult
 
 DEATH_GRACE_S = 10.0
 """How long a failed trainer waits for the explorer loop to report a worker death."""
@@ -207,9 +206,6 @@ class BufferSource:
         # Older versions' probes go: the explorer skipped them.
         oldest_kept = trained_on - self.lag_bound - 1
         self.side.publisher.take_probe(trained_on, probes.select(PROBE_COLUMNS), oldest_kept)
-
-    def trained(self, result: StepResult, trained_on: int) -> None:
-        pass
 
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
         assert self.loop is not None

@@ -20,7 +20,6 @@ from hybrid.rollout.base import Sampling
 from hybrid.trainer.prompts import PromptFeed
 from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.group_filter import DynamicSampling
-from hybrid.trainer.step import StepResult
 
 
 class ColocatedSource:
@@ -59,9 +58,6 @@ class ColocatedSource:
 
     def probes_scored(self, probes: Batch, trained_on: int) -> None:
         pass  # probe_rows = 0: never asked
-
-    def trained(self, result: StepResult, trained_on: int) -> None:
-        pass
 
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
         out = {

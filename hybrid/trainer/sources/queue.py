@@ -37,7 +37,6 @@ from hybrid.trainer.sources.base import Rollout
 from hybrid.trainer.sources.explorers import POLL_S, ExplorerSide, poll, stop_side
 from hybrid.trainer.sources.group_filter import DynamicSampling, FilterTally
 from hybrid.trainer.sources.rollouter import Rollouter
-from hybrid.trainer.step import StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +165,6 @@ class QueueSource:
 
     def probes_scored(self, probes: Batch, trained_on: int) -> None:
         pass  # probe_rows = 0: never asked
-
-    def trained(self, result: StepResult, trained_on: int) -> None:
-        pass
 
     def metrics(self, worker: dict[str, float], step_s: float) -> dict[str, float]:
         assert self.rollouter is not None

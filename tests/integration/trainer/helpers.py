@@ -22,6 +22,10 @@ ONE_WORKER = ("trainer.num_workers=1",)
 instead of two (each costs about 13 s of CPU to start, most of it imports). The two-rank
 FSDP and sync paths run in every real-engine test."""
 
+MOVING = "actor.entropy_coeff=0.01"
+"""An entropy bonus that moves the weights every update: the untrained model's first steps
+often score 0 in every group, and GRPO's advantages (so its gradient) are then 0."""
+
 
 def without_leak_report(stderr: str) -> str:
     """`stderr` without the report nanobind (Triton's bindings) prints at interpreter exit:

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from hybrid.trainer.loop import Driver
-from tests.integration.trainer.helpers import ONE_WORKER, read_metrics, small_config, write_assets
+from tests.integration.trainer.helpers import (
+    MOVING,
+    ONE_WORKER,
+    read_metrics,
+    small_config,
+    write_assets,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -81,9 +87,7 @@ def test_three_steps(ray_cluster: None, assets: Path, tmp_path: Path, name: str,
     config = small_config(
         assets, out, "rollout.engine=toy", f"trainer.total_steps={STEPS}",
         "algorithm.ppo_mini_batch_size=2", "actor.micro_batch_size=4",
-        # The untrained model scores 0 on every row, so the advantages are 0: the entropy
-        # bonus is what moves the policy between the step's two mini-batches.
-        "actor.entropy_coeff=0.01",
+        MOVING,  # the policy moves between the step's two mini-batches
         f"actor.policy_loss={name}", *settings, *MODES[mode],
     )  # fmt: skip
     assert config.actor.policy_loss == name and config.trainer.mode == mode

@@ -26,6 +26,7 @@ import pytest
 
 from hybrid.synchronizer.states import Transition, check_timeline
 from tests.integration.trainer.helpers import (
+    MOVING,
     child_env,
     read_metrics,
     small_run_overrides,
@@ -87,9 +88,7 @@ def timeline(out: Path) -> list[Transition]:
     return [Transition.from_json(json.loads(line)) for line in lines]
 
 
-def check_run(
-    out: Path, method: str, style: str, offset: int, steps: int = STEPS
-) -> list[dict]:
+def check_run(out: Path, method: str, style: str, offset: int, steps: int = STEPS) -> list[dict]:
     metrics = [m for m in read_metrics(out) if m["step"] > 0]  # step 0: validation only
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     # Step 1 trains on samples of version 0, which the transport had to bring.
@@ -131,15 +130,9 @@ def run_cell(
     return metrics
 
 
-# An entropy bonus moves the weights every step: the first steps of the untrained model often
-# score 0 in every group (GRPO's advantages, and so its gradient, are then 0), and the
-# digests must tell the versions apart.
-MOVING = "actor.entropy_coeff=0.01"
-
-
 class OnPolicyRuns:
     """fixed, interval 1, offset 0 over each transport, same seed, each run when first asked
-    for, with MOVING. The nccl run goes across a three-node Ray cluster (one CPU per node: the
+    for, with MOVING (the digests must tell the versions apart). The nccl run goes across a three-node Ray cluster (one CPU per node: the
     explorer on one, two trainers on the others); the other two on one node (both across nodes:
     test_split_nodes.py, full)."""
 
