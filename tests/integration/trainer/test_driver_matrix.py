@@ -155,6 +155,10 @@ def moe_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_assets(tmp_path_factory.mktemp("toy_moe"), preset="tiny-moe")
 
 
+# test-full for the default tier's budget (64 s): by default the colocated real-engine run
+# checks the shared keys (test_grpo_e2e.py), each mode has its real-engine run (test_split.py,
+# test_fully_async.py) and the routing replay its unit tests (tests/unit/workers/test_routing.py).
+@pytest.mark.full
 def test_every_mode_reports_the_same_step_metrics(
     ray_cluster: None, moe_assets: Path, tmp_path: Path
 ) -> None:

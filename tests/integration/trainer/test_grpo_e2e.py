@@ -18,6 +18,9 @@ from hybrid.memory.records import STEADY_PHASES, read_records, step_phases
 from hybrid.trainer.checkpoints import complete_checkpoints
 from hybrid.trainer.demo_assets import DEMO_MODEL_PATH, DEMO_TRAIN_FILE, DEMO_VAL_FILE
 from hybrid.trainer.loop import Driver
+from hybrid.trainer.publisher import PUBLISHER_KEYS
+from hybrid.trainer.sources import SOURCE_KEYS
+from hybrid.trainer.step import STEP_KEYS
 from profiling import memory_report
 from tests.integration.trainer.helpers import (
     TWO_MINI_BATCHES,
@@ -93,6 +96,8 @@ def test_three_steps_write_metrics_and_a_loadable_model(first_run: tuple) -> Non
     for row in metrics:
         missing = [key for key in REQUIRED if key not in row]
         assert not missing, missing
+        # Every mode's shared keys (test_driver_matrix.py compares the modes, test-full).
+        assert not (STEP_KEYS | SOURCE_KEYS | PUBLISHER_KEYS) - row.keys()
         assert any(key.startswith("memory/") for key in row)
         assert 0.0 <= row["reward/mean"] <= 1.0
         assert row["rollout/logprob_diff_max"] < 0.05
