@@ -86,9 +86,12 @@ all-linear adapters, adapter sync, layered; actor and optimizer state kept on th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import psutil
 
 from hybrid.memory.model_shape import LORA_TARGETS, ModelShape, model_shape
 from hybrid.memory.records import COMPONENTS, GIB, step_phases
@@ -106,6 +109,7 @@ from hybrid.planner.reserve import (
 )
 from hybrid.planner.sizes import WorkerSizes, gather_peak
 from hybrid.planner.teacher_sizes import TeacherSizes, teacher_of, with_teacher_phases
+from hybrid.workers.replication import trainer_replicas
 
 if TYPE_CHECKING:
     from hybrid.trainer.config import TrainerRunConfig
@@ -339,6 +343,7 @@ def plan_memory(
     from distill.teacher_path; when that does not load, the teacher is left out and a warning
     says so."""
     _check_node(gpu_memory_gib, gpu, host_memory_gib)
+    config = _replicas_resolved(config, shape, host_memory_gib)
     rank = lora_rank_of(config, lora_rank)
     w = WorkerSizes(config, shape, rank, gpu_memory_gib * GIB, gpu)
     critic = CriticSizes(config, critic_shape or shape) if config.use_critic else None
@@ -402,6 +407,26 @@ def plan_memory(
         parameters=shape.num_params,
         active_parameters=shape.active_params,
     )
+
+
+def _replicas_resolved(
+    config: TrainerRunConfig, shape: ModelShape, host_memory_gib: float | None
+) -> TrainerRunConfig:
+    """`config` with actor.hsdp_replicas auto (0) resolved as the workers will resolve it
+    (hybrid.workers.replication) on a host of `host_memory_gib` (None: this machine's)."""
+    a = config.actor
+    if a.hsdp_replicas > 0:
+        return config
+    host = psutil.virtual_memory().total if host_memory_gib is None else host_memory_gib * GIB
+    replicas = trainer_replicas(
+        a,
+        shape,
+        lora=config.model.lora.enabled,
+        world=config.trainer.training_workers,
+        on_cpu=not config.trainer.use_gpu,
+        device_bytes=int(host),
+    )
+    return dataclasses.replace(config, actor=dataclasses.replace(a, hsdp_replicas=replicas))
 
 
 def _expert_notes(w: WorkerSizes, shape: ModelShape) -> list[str]:

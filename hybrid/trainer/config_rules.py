@@ -81,7 +81,7 @@ def _trainer_mesh(config: TrainerRunConfig, workers: int, field_name: str) -> li
     return [
         f"actor.{name} ({size}) must divide {field_name} ({workers})"
         for name, size in sizes
-        if workers % size
+        if size and workers % size  # hsdp_replicas 0 (auto) picks 1 or every worker
     ]
 
 

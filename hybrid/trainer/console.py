@@ -159,8 +159,11 @@ def startup_summary(
         workers += f", split: {t.num_explorer_workers} explorer + {t.num_trainer_workers} trainer"
     if c.trainer.nnodes > 1:
         workers += f", {c.trainer.nnodes} nodes x {c.trainer.workers_per_node}"
-    if c.actor.hsdp_replicas > 1:
-        workers += f", HSDP {c.actor.hsdp_replicas} replicas"
+    replicas = int(facts.get("hsdp_replicas", c.actor.hsdp_replicas))
+    if replicas > 1 and replicas == c.trainer.training_workers:
+        workers += ", the model replicated on each (HSDP, no sharding)"
+    elif replicas > 1:
+        workers += f", HSDP {replicas} replicas"
     if c.rollout.tensor_parallel_size > 1:
         workers += f", rollout tensor parallel {c.rollout.tensor_parallel_size}"
     rows = [

@@ -65,6 +65,8 @@ class WorkerFacts(TypedDict):
     rollout_dtype: Dtype
     kernels: str
     """The actor's fused ops and compiled layers (hybrid.workers.kernels)."""
+    hsdp_replicas: int
+    """The trainer's model replicas, actor.hsdp_replicas with auto resolved (1: plain FSDP)."""
     sync_strategy: str
     weight_layout: str
     weight_notes: list[str]
@@ -211,6 +213,7 @@ class ActorWorker(Worker):
             "ref_dtype": self.dtypes.ref,
             "rollout_dtype": self.dtypes.rollout,
             "kernels": self.kernels.describe(),
+            "hsdp_replicas": self.parallel.hsdp_replicas,
             "sync_strategy": "",
             "weight_layout": "",
             "weight_notes": [],

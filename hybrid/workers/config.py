@@ -301,11 +301,14 @@ class ActorConfig(MicroBatching, ModelKernels):
     moe_aux_loss_coef: float = 0.0
     """Weight of the load-balancing loss (Switch: E * sum_e f_e * P_e, mean over MoE layers)
     added to the actor's loss; 0 (as peers run RL) reports it without training on it."""
-    hsdp_replicas: int = 1
+    hsdp_replicas: int = 0
     """HSDP: shard parameters within groups of num_workers / hsdp_replicas consecutive ranks
     (a node, when it equals trainer.nnodes) and replicate across the groups, so that only a
-    gradient all-reduce crosses the slow link. 1: plain FSDP over every rank. The reference
-    shares the mesh."""
+    gradient all-reduce crosses the slow link. 1: plain FSDP over every rank; num_workers:
+    every rank holds the whole model. 0 (auto): every rank holds it on a CPU where the
+    training state of all ranks takes at most 1% of the host's memory (a dense model trained
+    in full, no sequence parallelism), plain FSDP otherwise and on GPUs
+    (hybrid.workers.replication). The reference shares the mesh."""
     ep_size: int = 1
     """Expert parallelism for a mixture of experts (docs/moe.md): each of ep consecutive ranks
     owns num_experts / ep whole experts and tokens reach them by all-to-all; the experts' rows
@@ -332,9 +335,11 @@ class ActorConfig(MicroBatching, ModelKernels):
         self.precision.check("actor.precision")
         self.check_micro_batches("actor")
         self.check_kernels("actor")
-        check_positive(
-            "actor", hsdp_replicas=self.hsdp_replicas, ep_size=self.ep_size, sp_size=self.sp_size
-        )
+        check_positive("actor", ep_size=self.ep_size, sp_size=self.sp_size)
+        if self.hsdp_replicas < 0:
+            raise ValueError(
+                f"actor.hsdp_replicas must be >= 0 (0: auto), got {self.hsdp_replicas}"
+            )
         if self.ep_size > 1 and self.hsdp_replicas > 1:
             raise ValueError(
                 f"actor.ep_size ({self.ep_size}) with actor.hsdp_replicas "

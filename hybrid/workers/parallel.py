@@ -23,9 +23,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hybrid.controller import RankEnv
+from hybrid.memory.model_shape import model_shape
 from hybrid.rollout.engine_args import EngineSite
 from hybrid.workers.config import HybridWorkerConfig
 from hybrid.workers.expert_parallel import expert_mesh_shape
+from hybrid.workers.grad_reduce import device_memory_bytes
+from hybrid.workers.replication import trainer_replicas
 from hybrid.workers.sequence_parallel import SpGroup
 
 
@@ -186,9 +189,24 @@ def init_trainer_parallel(rank_env: RankEnv, config: HybridWorkerConfig) -> Para
     return init_parallel(
         rank_env,
         config.rollout.tensor_parallel_size,
-        config.actor.hsdp_replicas,
+        trainer_hsdp_replicas(rank_env, config),
         config.actor.ep_size,
         config.actor.sp_size,
+    )
+
+
+def trainer_hsdp_replicas(rank_env: RankEnv, config: HybridWorkerConfig) -> int:
+    """actor.hsdp_replicas, auto (0) resolved for the policy's model on this rank's device."""
+    if config.actor.hsdp_replicas > 0:
+        return config.actor.hsdp_replicas
+    device = _pick_device(rank_env)
+    return trainer_replicas(
+        config.actor,
+        model_shape(config.model.path),
+        lora=config.model.lora.enabled,
+        world=rank_env.world_size,
+        on_cpu=device.type == "cpu",
+        device_bytes=device_memory_bytes(device),
     )
 
 

@@ -59,8 +59,9 @@ def test_a_tensor_parallel_group_never_crosses_a_node() -> None:
 def test_hsdp_replicas_must_divide_the_workers() -> None:
     with pytest.raises(ValueError, match=r"actor.hsdp_replicas \(3\) must divide"):
         build({"num_workers": 2}, actor={"hsdp_replicas": 3})
-    with pytest.raises(ValueError, match=r"actor\.hsdp_replicas must be > 0"):
-        build({"num_workers": 2}, actor={"hsdp_replicas": 0})
+    with pytest.raises(ValueError, match=r"actor\.hsdp_replicas must be >= 0 \(0: auto\)"):
+        build({"num_workers": 2}, actor={"hsdp_replicas": -1})
+    build({"num_workers": 2}, actor={"hsdp_replicas": 0})  # auto: 1 or every worker
     assert fsdp_mesh_shape(4, 1) == ((4,), ("fsdp",))
     assert fsdp_mesh_shape(16, 2) == ((2, 8), ("replicate", "shard"))
 
