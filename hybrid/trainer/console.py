@@ -160,10 +160,10 @@ def startup_summary(
     if c.trainer.nnodes > 1:
         workers += f", {c.trainer.nnodes} nodes x {c.trainer.workers_per_node}"
     replicas = int(facts.get("hsdp_replicas", c.actor.hsdp_replicas))
-    if replicas > 1 and replicas == c.trainer.training_workers:
-        workers += ", the model replicated on each (HSDP, no sharding)"
-    elif replicas > 1:
+    if replicas > 1:
         workers += f", HSDP {replicas} replicas"
+        if replicas == c.trainer.training_workers:
+            workers += " (the whole model on each)"
     if c.rollout.tensor_parallel_size > 1:
         workers += f", rollout tensor parallel {c.rollout.tensor_parallel_size}"
     rows = [

@@ -77,6 +77,8 @@ def test_the_entry_point_builds_the_demo_and_trains_from_nothing(first_run: tupl
         assert (cwd / path).exists(), path
     assert (cwd / DEMO_MODEL_PATH / "config.json").is_file()
     assert "3 steps in" in done.stdout  # the entry point's summary line
+    # actor.hsdp_replicas auto: the demo's tiny model is replicated on both CPU workers.
+    assert "HSDP 2 replicas (the whole model on each)" in done.stdout
 
     run = cwd / "run"
     assert json.loads((run / "config.json").read_text())["trainer"]["max_checkpoints_to_keep"] == 2

@@ -121,7 +121,9 @@ def single_node_run(
     """The reference: the same 3 steps, seed and worker count on one node (in this process,
     on the session's Ray cluster)."""
     out = tmp_path_factory.mktemp("one_node") / "run"
-    Driver(config_from_overrides(overrides(assets, out, "trainer.total_steps=3"))).fit()
+    # Plain FSDP (auto would replicate the tiny model on a CPU): HSDP against sharding.
+    one_node = overrides(assets, out, "trainer.total_steps=3", "actor.hsdp_replicas=1")
+    Driver(config_from_overrides(one_node)).fit()
     return read_metrics(out)
 
 
@@ -183,7 +185,7 @@ def test_a_two_node_hsdp_checkpoint_resumes_on_one_node(
     shutil.rmtree(resumed / "checkpoints" / "step_3")
     (resumed / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics[:2]))
     assert [step for step, _ in complete_checkpoints(resumed)] == [2]
-    run_main(overrides(assets, resumed, "trainer.total_steps=3"))
+    run_main(overrides(assets, resumed, "trainer.total_steps=3", "actor.hsdp_replicas=1"))
     after = read_metrics(resumed)
     assert [m["step"] for m in after] == [1, 2, 3]
     for key, value in metrics[2].items():

@@ -67,6 +67,9 @@ def split_args(assets: Path, out: Path, *extra: str) -> list[str]:
         "sync.timeout_s=60",
         "sync.verify_checksum=true",
         f"sync.checkpoint_dir={out / 'weights'}",
+        # Sharded, not replicated as auto would on a CPU: the trainers' gather of sharded
+        # DTensors, across two nodes in the on-policy run, is what GPUs run.
+        "actor.hsdp_replicas=1",
         *extra,
     )
 

@@ -36,7 +36,8 @@ def worker_config(
 ) -> HybridWorkerConfig:
     return HybridWorkerConfig(
         model=ModelConfig(path=str(model_dir), lora=LoraConfig(rank=lora_rank)),
-        actor=ActorConfig(optim=OptimConfig(lr=lr), micro_batch_size=2),
+        # Sharded (auto would replicate this model on a CPU): the gather GPUs run.
+        actor=ActorConfig(optim=OptimConfig(lr=lr), micro_batch_size=2, hsdp_replicas=1),
         # The same micro-batches on every side: bf16 passes over packed micro-batches are
         # bit-identical across passes only when the rows are packed together alike.
         ref=RefConfig(micro_batch_size=2),
