@@ -306,7 +306,8 @@ TABLE: dict[str, Entry] = {
         (True,), "FSDP2 reshards after the forward", "keeping the gathered weights is not built"
     ),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": Derived(
-        "-1: every training worker shards the model; N: HSDP, actor.hsdp_replicas = the "
+        "-1: actor.hsdp_replicas stays auto (every training worker shards the model on GPUs; "
+        "on a CPU a small model is replicated on each); N: HSDP, actor.hsdp_replicas = the "
         "training workers / N (shard groups of N consecutive ranks)"
     ),
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": any_value(
