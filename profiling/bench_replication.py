@@ -38,7 +38,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybrid.data import Batch
-from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.tokenizer import vocab_size
 from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
@@ -49,7 +48,7 @@ from hybrid.workers.policy import PolicyTrainer
 
 # Run as a script: its siblings import by file name, here and in the spawned ranks.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_update import gsm8k_like_batch, rank_share
+from bench_update import gsm8k_like_batch, padded_rows, rank_share
 
 WORLD = 2
 VARIANTS = {"sharded": 1, "replicated": WORLD}
@@ -59,24 +58,7 @@ DEMO_PROMPT, DEMO_RESPONSE = 16, 16
 
 def demo_like_batch(rows: int, vocab: int, seed: int) -> Batch:
     """The demo step's rows: prompts of 6-10 tokens left-padded to 16, responses of 4-16."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_lengths = torch.randint(6, 11, (rows,), generator=g)
-    response_lengths = torch.randint(4, DEMO_RESPONSE + 1, (rows,), generator=g)
-    prompt_mask = (torch.arange(DEMO_PROMPT) >= DEMO_PROMPT - prompt_lengths[:, None]).long()
-    response_mask = (torch.arange(DEMO_RESPONSE) < response_lengths[:, None]).long()
-    mask = torch.cat([prompt_mask, response_mask], dim=1)
-    ids = torch.randint(1, vocab, mask.shape, generator=g) * mask
-    return Batch.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": position_ids_from_mask(mask),
-            "responses": ids[:, DEMO_PROMPT:],
-            "response_mask": response_mask,
-            "rollout_log_probs": -torch.rand((rows, DEMO_RESPONSE), generator=g) - 1.0,
-            "advantages": torch.randn(rows, generator=g),
-        }
-    )
+    return padded_rows(rows, vocab, seed, (6, 10, DEMO_PROMPT), (4, DEMO_RESPONSE, DEMO_RESPONSE))
 
 
 def _rank_main(

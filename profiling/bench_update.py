@@ -71,28 +71,40 @@ PROMPT_WIDTH, RESPONSE_WIDTH = 250, 400
 WORLD = 2
 
 
-def gsm8k_like_batch(rows: int, vocab: int, seed: int) -> Batch:
-    """Prompts of 60-250 tokens left-padded to 250, responses of 20-400 right-padded to 400."""
+def padded_rows(
+    rows: int, vocab: int, seed: int, prompts: tuple[int, int, int], responses: tuple[int, int, int]
+) -> Batch:
+    """Rollout-like rows of random tokens: prompts of `prompts` = (shortest, longest, width)
+    tokens left-padded to width, responses of (shortest, longest, width) right-padded, the
+    rollout's log-probs and a group advantage per row (the on-policy update's inputs)."""
+    (p_low, p_high, p_width), (r_low, r_high, r_width) = prompts, responses
     g = torch.Generator().manual_seed(seed)
-    prompt_lengths = torch.randint(60, PROMPT_WIDTH + 1, (rows,), generator=g)
-    response_lengths = torch.randint(20, RESPONSE_WIDTH + 1, (rows,), generator=g)
-    prompt_mask = (torch.arange(PROMPT_WIDTH) >= PROMPT_WIDTH - prompt_lengths[:, None]).long()
-    response_mask = (torch.arange(RESPONSE_WIDTH) < response_lengths[:, None]).long()
+    prompt_lengths = torch.randint(p_low, p_high + 1, (rows,), generator=g)
+    response_lengths = torch.randint(r_low, r_high + 1, (rows,), generator=g)
+    prompt_mask = (torch.arange(p_width) >= p_width - prompt_lengths[:, None]).long()
+    response_mask = (torch.arange(r_width) < response_lengths[:, None]).long()
     mask = torch.cat([prompt_mask, response_mask], dim=1)
     ids = torch.randint(1, vocab, mask.shape, generator=g) * mask
-    log_probs = -torch.rand((rows, RESPONSE_WIDTH), generator=g) - 1.0
     return Batch.from_dict(
         {
             "input_ids": ids,
             "attention_mask": mask,
             "position_ids": position_ids_from_mask(mask),
-            "responses": ids[:, PROMPT_WIDTH:],
+            "responses": ids[:, p_width:],
             "response_mask": response_mask,
-            "old_log_probs": log_probs,
-            "rollout_log_probs": log_probs,
+            "rollout_log_probs": -torch.rand((rows, r_width), generator=g) - 1.0,
             "advantages": torch.randn(rows, generator=g),
         }
     )
+
+
+def gsm8k_like_batch(rows: int, vocab: int, seed: int) -> Batch:
+    """Prompts of 60-250 tokens left-padded to 250, responses of 20-400 right-padded to 400,
+    old log-probs equal to the rollout's."""
+    batch = padded_rows(rows, vocab, seed, (60, PROMPT_WIDTH, PROMPT_WIDTH),
+                        (20, RESPONSE_WIDTH, RESPONSE_WIDTH))  # fmt: skip
+    old = Batch.from_dict({"old_log_probs": batch.tensors["rollout_log_probs"]})
+    return batch.union(old)
 
 
 def rank_share(batch: Batch, rank: int) -> Batch:
