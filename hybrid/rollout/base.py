@@ -48,6 +48,14 @@ class GeneratedSample:
     first (all but the last sampled token)."""
 
 
+def response_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """A response's text as rewards and judges read it: its tokens decoded once, special
+    tokens left out, as vLLM's detokenizer writes it without its pass per token per step.
+    Like that detokenizer, the text stops before a trailing U+FFFD: bytes of a character
+    the token budget cut short (a byte-level vocabulary splits characters across tokens)."""
+    return str(tokenizer.decode(token_ids, skip_special_tokens=True)).rstrip("\ufffd")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How many samples per prompt and how they are drawn, for a call that does not sample as

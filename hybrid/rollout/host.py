@@ -32,7 +32,14 @@ from hybrid.data.sample import Sample, SampleStatus, samples_to_batch
 from hybrid.rollout.agent.chat import ReplyRenderer
 from hybrid.rollout.agent.environment import Environments
 from hybrid.rollout.agent.flight import AgentFlight
-from hybrid.rollout.base import GREEDY, GeneratedSample, RolloutEngine, Sampling, prompt_budgets
+from hybrid.rollout.base import (
+    GREEDY,
+    GeneratedSample,
+    RolloutEngine,
+    Sampling,
+    prompt_budgets,
+    response_text,
+)
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.group import RolloutGroup
 from hybrid.rollout.multimodal import check_no_placeholders
@@ -158,7 +165,7 @@ class RolloutHost:
         return int(self.tokenizer.pad_token_id)
 
     def decode(self, token_ids: list[int]) -> str:
-        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+        return response_text(self.tokenizer, token_ids)
 
     def generate(self, prompts: Batch, sampling: Sampling | None, version: int) -> list[Sample]:
         """`rollout.n` Samples per row of left-padded `input_ids` / `attention_mask`, sampled

