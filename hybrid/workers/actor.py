@@ -47,6 +47,7 @@ from hybrid.workers.kernels import plan_for_model
 from hybrid.workers.lora import adapter_spec, adapters_disabled, expert_adapters
 from hybrid.workers.parallel import ParallelState, init_trainer_parallel
 from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.replicated import gradient_replicas
 from hybrid.workers.routing import MoeRouting
 from hybrid.workers.sft import SftTrainer, reset_optimizer, set_learning_rate
 from hybrid.workers.vision_inputs import vision_family
@@ -153,6 +154,7 @@ class ActorWorker(Worker):
             vision=vision,
             fused_head=self.kernels.fused_head,
         )
+        replicas = gradient_replicas(self.model, self.parallel.fsdp_mesh)
         routers = find_routers(self.model)
         self.routing = MoeRouting(routers) if routers else None
         """Hooks on the MoE routers: replay, load and drift figures (None: a dense model)."""
@@ -172,6 +174,7 @@ class ActorWorker(Worker):
                 gradient_bytes=trainable_gradient_bytes(self.model),
                 device_bytes=device_memory_bytes(device),
             ),
+            replicas=replicas,
         )
         # SFT trains the same model with the same optimizer and micro-batches (docs/sft.md).
         self.sft = SftTrainer(
@@ -181,6 +184,7 @@ class ActorWorker(Worker):
             optim.max_grad_norm,
             self.ledger,
             self.parallel.data_parallel_group,
+            replicas,
         )
         self._init_rollout()
         self.offloader.offload_optimizer()

@@ -34,6 +34,7 @@ from hybrid.workers.forward import pass_config
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, warmup_scheduler
 from hybrid.workers.kernels import plan_for_model
 from hybrid.workers.parallel import init_trainer_parallel
+from hybrid.workers.replicated import gradient_replicas
 from hybrid.workers.value import ValueTrainer, compute_values
 
 SCHEDULER_KEY = "critic_lr_scheduler"
@@ -132,6 +133,7 @@ class CriticWorker(Worker):
             update_pass,
             self.ledger,
             parallel.data_parallel_group,
+            gradient_replicas(self.model, parallel.fsdp_mesh),
         )
         self.ledger.track("critic", self._components)
         self.ledger.record("init/critic")

@@ -8,7 +8,8 @@ ever materialises the whole model in fp32 more than once:
 1. construct it on the meta device (no memory) in the master dtype;
 2. `fully_shard` each decoder layer, then the root, on a 1-D "fsdp" mesh (or a 2-D
    (replicate, shard) mesh: HSDP) with a `MixedPrecisionPolicy` (bf16 compute, fp32
-   gradient reduction by default);
+   gradient reduction by default); a model replicated on every rank stays a plain module
+   instead (hybrid.workers.replicated);
 3. `to_empty` allocates only this rank's shards, then tied embeddings are re-tied and the
    non-persistent RoPE buffers (which `to_empty` leaves as uninitialised memory) recomputed;
 4. rank 0 alone reads the safetensors files and `set_model_state_dict(...,
@@ -51,6 +52,7 @@ from hybrid.workers.expert_parallel import parallelize_experts
 from hybrid.workers.fused_kernels import apply_fused_kernels
 from hybrid.workers.kernels import KernelPlan
 from hybrid.workers.lora import add_adapters, initial_adapter
+from hybrid.workers.replicated import average_gradients, replicated_plainly
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _LM_HEAD_KEY = "lm_head.weight"
@@ -84,7 +86,9 @@ def build_fsdp_model(
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
-    replicated along its first. `value_head=True` builds a critic: the decoder of the
+    replicated along its first; a (replicas, 1) mesh leaves the model a plain module on every
+    rank where hybrid.workers.replicated says so (its trainer averages the gradients:
+    `gradient_replicas`). `value_head=True` builds a critic: the decoder of the
     checkpoint with a scalar head per token (`score`; its `logits` are values, (.., 1)); a
     causal LM checkpoint's LM head is left out and the value head starts from a seeded normal
     init, a critic checkpoint's own head is loaded.
@@ -164,28 +168,23 @@ def build_fsdp_model(
         assert lora is not None
         model = add_adapters(model, lora, base_dtype=param_dtype, adapter_dtype=master_dtype)
 
-    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for layer in sharded_units(hf_model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, ignored_params=expert_params)
-    # By default FSDP2 keeps the root's parameters (embedding, final norm, LM head) unsharded
-    # after forward, expecting a backward to follow; after a no_grad forward (log-probs, the
-    # reference policy) they would stay gathered and `model.parameters()` would yield plain
-    # tensors instead of DTensor shards. Resharding the root too keeps the invariant at the
-    # price of one more all-gather of the root's parameters in backward.
-    fully_shard(
-        model,
-        mesh=mesh,
-        mp_policy=mp_policy,
-        reshard_after_forward=True,
-        ignored_params=expert_params,
+    plain = replicated_plainly(
+        tuple(mesh.shape),
+        param_dtype=param_dtype,
+        master_dtype=master_dtype,
+        lora=with_lora,
+        experts=expert_params is not None,
+        sp_size=sp_size,
     )
+    if not plain:
+        _shard(model, hf_model, mesh, param_dtype, reduce_dtype, expert_params)
 
     model.to_empty(device=device)
     if tied:
         hf_model.tie_weights()
         embed, head = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
         assert head is not None and embed.weight is head.weight, "tied embeddings came untied"
-        assert isinstance(embed.weight, DTensor), "tied embedding is not sharded"
+        assert plain or isinstance(embed.weight, DTensor), "tied embedding is not sharded"
     _init_rope_buffers(model, device)
     _load_weights(
         model,
@@ -204,6 +203,33 @@ def build_fsdp_model(
             required=kernels.compile_required,
         )
     return model
+
+
+def _shard(
+    model: nn.Module,
+    hf_model: nn.Module,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    expert_params: set[nn.Parameter] | None,
+) -> None:
+    """`fully_shard` each unit of `hf_model`, then the root `model` (the peft model around it
+    with LoRA), on `mesh`; `expert_params` stay on their own mesh."""
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in sharded_units(hf_model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, ignored_params=expert_params)
+    # By default FSDP2 keeps the root's parameters (embedding, final norm, LM head) unsharded
+    # after forward, expecting a backward to follow; after a no_grad forward (log-probs, the
+    # reference policy) they would stay gathered and `model.parameters()` would yield plain
+    # tensors instead of DTensor shards. Resharding the root too keeps the invariant at the
+    # price of one more all-gather of the root's parameters in backward.
+    fully_shard(
+        model,
+        mesh=mesh,
+        mp_policy=mp_policy,
+        reshard_after_forward=True,
+        ignored_params=expert_params,
+    )
 
 
 def vision_tower(model: nn.Module) -> nn.Module:
@@ -271,13 +297,21 @@ def warmup_scheduler(
 
 
 def clip_and_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float,
+    replicas: dist.ProcessGroup | None = None,
 ) -> tuple[float, bool]:
     """Clip gradients to `max_grad_norm`, step unless the norm is not finite, zero gradients.
+    A plainly replicated model (`replicas`: hybrid.workers.replicated.gradient_replicas)
+    first averages its gradients over them.
 
     Returns (total gradient norm before clipping, whether the optimizer step was applied).
-    The norm of DTensor gradients is all-reduced, so every rank takes the same decision.
+    The norm of DTensor gradients is all-reduced, and replicas hold the same averaged
+    gradients, so every rank takes the same decision.
     """
+    if replicas is not None:
+        average_gradients(model, replicas)
     params = [p for p in model.parameters() if p.grad is not None]
     by_mesh = _by_mesh(params)
     if len(by_mesh) > 1:  # expert parallelism: DTensor math stays on one mesh

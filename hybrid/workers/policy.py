@@ -74,8 +74,12 @@ class PolicyTrainer:
         dp_group: dist.ProcessGroup | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         reduce_once: bool = False,
+        replicas: dist.ProcessGroup | None = None,
     ) -> None:
         self.model = model
+        self.replicas = replicas
+        """The ranks a plainly replicated model averages its gradients over before the
+        optimizer step (hybrid.workers.replicated); None: FSDP2 reduces them."""
         self.reduce_once = reduce_once
         self.compiled = bool(compiled_layers(model))
         """Some of the model's layers run compiled (actor.compile): updates report how many
@@ -217,7 +221,9 @@ class PolicyTrainer:
         fractions.update(fold_loss_metrics(pg_parts))
         if routing_stats is not None:
             fractions.update(routing_stats.metrics(device))
-        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
+        grad_norm, applied = clip_and_step(
+            self.model, self.optimizer, c.optim.max_grad_norm, self.replicas
+        )
         lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step took
         if self.scheduler is not None:
             self.scheduler.step()

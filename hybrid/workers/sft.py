@@ -52,10 +52,14 @@ class SftTrainer:
         max_grad_norm: float,
         ledger: MemoryLedger | None = None,
         dp_group: dist.ProcessGroup | None = None,
+        replicas: dist.ProcessGroup | None = None,
     ) -> None:
         self.model = model
         self.dp_group = dp_group
         """The data-parallel ranks the token count sums over (None: every rank)."""
+        self.replicas = replicas
+        """The ranks a plainly replicated model averages its gradients over (None: FSDP2
+        reduces them)."""
         self.optimizer = optimizer
         self.pass_config = pass_config
         self.max_grad_norm = max_grad_norm
@@ -81,7 +85,9 @@ class SftTrainer:
             (loss * scale).backward()
             boundary(self.ledger, "sft/backward", index)
             total += float(loss.detach()) * metric_scale
-        grad_norm, applied = clip_and_step(self.model, self.optimizer, self.max_grad_norm)
+        grad_norm, applied = clip_and_step(
+            self.model, self.optimizer, self.max_grad_norm, self.replicas
+        )
         boundary(self.ledger, "sft/optimizer_step")
         return {
             "sft/loss": total,

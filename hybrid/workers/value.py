@@ -81,10 +81,14 @@ class ValueTrainer:
         pass_config: PassConfig,
         ledger: MemoryLedger | None = None,
         dp_group: dist.ProcessGroup | None = None,
+        replicas: dist.ProcessGroup | None = None,
     ) -> None:
         self.model = model
         self.dp_group = dp_group
         """The data-parallel ranks the normalisers sum over (None: every rank)."""
+        self.replicas = replicas
+        """The ranks a plainly replicated model averages its gradients over (None: FSDP2
+        reduces them)."""
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
@@ -129,7 +133,9 @@ class ValueTrainer:
             share = float(mask.sum()) / local_tokens
             clipfrac += float(micro_clipfrac) * share
             predicted += float((values.detach() * mask).sum()) / local_tokens
-        grad_norm, applied = clip_and_step(self.model, self.optimizer, c.optim.max_grad_norm)
+        grad_norm, applied = clip_and_step(
+            self.model, self.optimizer, c.optim.max_grad_norm, self.replicas
+        )
         self.scheduler.step()
         boundary(self.ledger, "update_critic/optimizer_step")
         return {

@@ -1,6 +1,7 @@
 """The update's faster paths give the eager update's numbers, on 2 gloo ranks (no Ray):
-compiled decoder layers (hybrid.workers.compiled_blocks) and gradients reduced once per
-optimizer step (hybrid.workers.grad_reduce).
+compiled decoder layers (hybrid.workers.compiled_blocks), gradients reduced once per
+optimizer step (hybrid.workers.grad_reduce) and a model replicated on both ranks kept a plain
+module (hybrid.workers.replicated).
 
 One spawned run per backend does every check and writes its figures to `result_rank{r}.pt`;
 the tests assert on them in the parent. The default tier compiles with dynamo's `eager`
@@ -19,17 +20,20 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from hybrid.data import Batch
 from hybrid.data.sample import position_ids_from_mask
 from hybrid.models import TinyModelConfig, build_tiny_model
+from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.compiled_blocks import compile_blocks, compiled_graphs, is_compiled
 from hybrid.workers.config import ActorConfig, OptimConfig, WorkerSpec
 from hybrid.workers.forward import PassConfig, score_micro_batch, score_responses
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, decoder_layers
 from hybrid.workers.grad_reduce import step_gradients
 from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.replicated import gradient_replicas
 from tests.integration.workers.test_fsdp import _spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -39,6 +43,9 @@ CPU = torch.device("cpu")
 STEPS = 3
 COMPILE_ATOL = 1e-5
 """fp32 on CPU: compiled and eager log-probs, entropy and gradients agree within this."""
+REPLICA_ATOL = 1e-6
+"""fp32 on CPU: the plain replicas' weights after their updates and FSDP2's agree within this
+(the same sums in another order)."""
 PASS = PassConfig(micro_batch_size=2, packed=True, chunk_tokens=16)
 
 
@@ -186,6 +193,44 @@ def _grad_reduce_run(rank: int, mesh: DeviceMesh, model_dir: Path) -> dict[str, 
     return out
 
 
+def _full(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [
+        (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for p in model.parameters()
+    ]
+
+
+def _plain_replica_run(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> dict[str, Any]:
+    """The same two updates (3 micro-batches each) of a model sharded by FSDP2 over the ranks
+    and of one replicated on both as a plain module; then the plain model's checkpoint loaded
+    into a fresh sharded model."""
+    replicated = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("replicate", "shard"))
+    config = ActorConfig(micro_batch_size=2, optim=OptimConfig(lr=1e-3))
+    out: dict[str, Any] = {}
+    for name, on in (("sharded", mesh), ("plain", replicated)):
+        model = build_fsdp_model(str(model_dir), on, CPU, param_dtype=torch.float32)
+        optimizer = build_optimizer(model, 1e-3, 0.0, (0.9, 0.999), 1e-8)
+        replicas = gradient_replicas(model, on)
+        out[f"{name}_dtensors"] = any(isinstance(p, DTensor) for p in model.parameters())
+        out[f"{name}_averages"] = replicas is not None
+        trainer = PolicyTrainer(model, optimizer, config, WorkerSpec(), PASS, replicas=replicas)
+        norms = [trainer.update(_ragged_batch(6, seed=10 * step + rank))["actor/grad_norm"]
+                 for step in range(2)]  # fmt: skip
+        out[f"{name}_grad_norms"] = norms
+        out[f"{name}_params"] = _full(model)
+        if name == "plain":
+            save_checkpoint(ckpt, model, optimizer, extra={"step": 2})
+    # A plain run's checkpoint resumes into FSDP2 shards (a run that changed its replicas).
+    model = build_fsdp_model(str(model_dir), mesh, CPU, param_dtype=torch.float32)
+    optimizer = build_optimizer(model, 1e-3, 0.0, (0.9, 0.999), 1e-8)
+    out["resumed_extra"] = load_checkpoint(ckpt, model, optimizer)
+    out["resumed_params"] = _full(model)
+    # Compute in another dtype than the master weights: FSDP2 keeps the casts.
+    mixed = build_fsdp_model(str(model_dir), replicated, CPU, param_dtype=torch.bfloat16)
+    out["mixed_dtensors"] = all(isinstance(p, DTensor) for p in mixed.parameters())
+    return out
+
+
 @pytest.fixture(autouse=True)
 def with_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     """The suite runs without torch.compile (tests/conftest.py); the ranks these tests spawn
@@ -238,3 +283,21 @@ def test_gradients_reduced_once_per_step(model_dir: Path, tmp_path: Path) -> Non
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
         assert abs(r["per_micro_batch_grad_norm"] - r["once_grad_norm"]) <= 1e-5
         assert r["per_micro_batch_reduces_after"] == r["once_reduces_after"] == once, rank
+
+
+def test_a_plainly_replicated_model_updates_as_fsdp_does(model_dir: Path, tmp_path: Path) -> None:
+    results = _spawn(_plain_replica_run, tmp_path, model_dir, tmp_path / "ckpt")
+    for rank, r in enumerate(results):
+        assert r["sharded_dtensors"] and not r["sharded_averages"], rank
+        assert not r["plain_dtensors"] and r["plain_averages"], rank
+        assert r["mixed_dtensors"], rank
+        for a, b in zip(r["sharded_params"], r["plain_params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=REPLICA_ATOL)
+        for sharded, plain in zip(r["sharded_grad_norms"], r["plain_grad_norms"], strict=True):
+            assert abs(sharded - plain) <= 1e-5 * sharded, (rank, sharded, plain)
+        assert r["resumed_extra"] == {"step": 2}
+        for a, b in zip(r["plain_params"], r["resumed_params"], strict=True):
+            assert torch.equal(a, b), rank
+    # Each rank trained its own copy on its own rows: the averaged gradients kept them equal.
+    for a, b in zip(results[0]["plain_params"], results[1]["plain_params"], strict=True):
+        assert torch.equal(a, b)

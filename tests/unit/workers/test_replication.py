@@ -1,17 +1,20 @@
 """actor.hsdp_replicas=0 (auto): every rank holds the whole model on a CPU where the training
 state of all ranks is at most 1% of the host, plain FSDP otherwise (hybrid.workers.replication);
-the memory planner resolves it as the workers do."""
+the memory planner resolves it as the workers do. Which replicated models stay plain modules
+(hybrid.workers.replicated)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+import torch
 
 from hybrid.memory.model_shape import model_shape
 from hybrid.memory.records import GIB
 from hybrid.planner.plan import plan_memory
 from hybrid.workers.config import ActorConfig
+from hybrid.workers.replicated import replicated_plainly
 from hybrid.workers.replication import (
     AUTO_REPLICATE_SHARE,
     resolve_hsdp_replicas,
@@ -80,3 +83,18 @@ def test_the_planner_plans_what_auto_picks() -> None:
              (("auto", auto), ("replicated", replicated), ("sharded", sharded))}  # fmt: skip
     assert plans["auto"].phases == plans["replicated"].phases
     assert plans["auto"].phases != plans["sharded"].phases
+
+
+def test_only_a_whole_model_on_every_rank_in_its_master_dtype_stays_a_plain_module() -> None:
+    fp32, bf16 = torch.float32, torch.bfloat16
+    kw: dict = {"param_dtype": fp32, "master_dtype": fp32, "lora": False, "experts": False}
+    assert replicated_plainly((2, 1), sp_size=1, **kw)
+    assert replicated_plainly((8, 1), sp_size=1, **kw)
+    assert not replicated_plainly((2,), sp_size=1, **kw)  # FSDP over the ranks
+    assert not replicated_plainly((1, 2), sp_size=1, **kw)  # HSDP with shards
+    assert not replicated_plainly((2, 2), sp_size=1, **kw)
+    assert not replicated_plainly((1, 1), sp_size=1, **kw)  # one rank: FSDP2 as before
+    assert not replicated_plainly((2, 1), sp_size=2, **kw)
+    assert not replicated_plainly((2, 1), sp_size=1, **{**kw, "param_dtype": bf16})
+    assert not replicated_plainly((2, 1), sp_size=1, **{**kw, "lora": True})
+    assert not replicated_plainly((2, 1), sp_size=1, **{**kw, "experts": True})
