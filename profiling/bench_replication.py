@@ -1,12 +1,14 @@
-"""The actor's update sharded (FSDP2) or replicated on every rank (HSDP, one replica per rank):
-what `actor.hsdp_replicas=0` (auto) picks between (hybrid.workers.replication).
+"""The actor's update sharded (FSDP2) or replicated on every rank: what `actor.hsdp_replicas=0`
+(auto) picks between (hybrid.workers.replication), and how a replica is held.
 
 Two gloo ranks, one thread each (2 ranks on 2 cores, as the CPU trainer runs), each building
-both models from the same checkpoint: `sharded` on a (world,) mesh (actor.hsdp_replicas=1),
-`replicated` on a (world, 1) mesh (actor.hsdp_replicas=world). Every round runs one update of
-each, alternating, on the same rows; a round's time is the slowest rank's. Reported: the
-median seconds of each and replicated / sharded, plus both models' gradient norms on the
-first update (equal up to the order of the sums: the same update).
+every model from the same checkpoint: `sharded` on a (world,) mesh (actor.hsdp_replicas=1);
+on a (world, 1) mesh (actor.hsdp_replicas=world) `hsdp`, FSDP2 with one replica per rank, and
+`replicated`, the plain module the trainer builds there (hybrid.workers.replicated: one flat
+gradient all-reduce). Every round runs one update of each, alternating, on the same rows; a
+round's time is the slowest rank's. Reported: the median seconds of each, replicated /
+sharded and replicated / hsdp, plus the models' gradient norms on the first update (equal up
+to the order of the sums: the same update).
 
   --preset tiny (default): the demo's model and step (16 rows a rank of 6-10 prompt and 4-16
       response tokens, one micro-batch), the size auto replicates;
@@ -45,14 +47,15 @@ from hybrid.workers.forward import PassConfig
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer
 from hybrid.workers.parallel import fsdp_mesh_shape
 from hybrid.workers.policy import PolicyTrainer
+from hybrid.workers.replicated import gradient_replicas
 
 # Run as a script: its siblings import by file name, here and in the spawned ranks.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_update import gsm8k_like_batch, padded_rows, rank_share
 
 WORLD = 2
-VARIANTS = {"sharded": 1, "replicated": WORLD}
-"""Variant: actor.hsdp_replicas."""
+VARIANTS = {"sharded": (1, False), "hsdp": (WORLD, False), "replicated": (WORLD, True)}
+"""Variant: (actor.hsdp_replicas, whether a replica is a plain module)."""
 DEMO_PROMPT, DEMO_RESPONSE = 16, 16
 
 
@@ -73,15 +76,25 @@ def _rank_main(
         config = ActorConfig(micro_batch_size=args.micro_batch_size, optim=OptimConfig(lr=1e-4))
         pass_config = PassConfig(args.micro_batch_size, packed=True, chunk_tokens=1024)
         trainers = {}
-        for name, replicas in VARIANTS.items():
+        for name, (replicas, plain) in VARIANTS.items():
             shape, names = fsdp_mesh_shape(WORLD, replicas)
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
             model = build_fsdp_model(
-                model_dir, mesh, torch.device("cpu"), param_dtype=torch.float32
+                model_dir,
+                mesh,
+                torch.device("cpu"),
+                param_dtype=torch.float32,
+                plain_replicas=plain,
             )
             optimizer = build_optimizer(model, 1e-4, 0.0, (0.9, 0.999), 1e-8)
             trainers[name] = PolicyTrainer(
-                model, optimizer, config, WorkerSpec(), pass_config, reduce_once=True
+                model,
+                optimizer,
+                config,
+                WorkerSpec(),
+                pass_config,
+                reduce_once=True,
+                replicas=gradient_replicas(model, mesh),
             )
         rows = args.rows_per_rank * WORLD
         if args.preset == "tiny":
@@ -138,6 +151,7 @@ def main() -> None:
         result[f"{name}_min_s"] = round(min(times), 4)
         result[f"{name}_grad_norm"] = measured["grad_norms"][name]
     result["replicated_over_sharded"] = round(result["replicated_s"] / result["sharded_s"], 3)
+    result["replicated_over_hsdp"] = round(result["replicated_s"] / result["hsdp_s"], 3)
     print(json.dumps(result))
 
 

@@ -83,12 +83,14 @@ def build_fsdp_model(
     sp_size: int = 1,
     freeze_vision_tower: bool = False,
     kernels: KernelPlan | None = None,
+    plain_replicas: bool = True,
 ) -> nn.Module:
     """The causal LM at `model_path`, sharded over `mesh`, weights loaded. A 1-D mesh shards
     over every rank; a 2-D (replicate, shard) mesh is HSDP: sharded along its second dim,
     replicated along its first; a (replicas, 1) mesh leaves the model a plain module on every
     rank where hybrid.workers.replicated says so (its trainer averages the gradients:
-    `gradient_replicas`). `value_head=True` builds a critic: the decoder of the
+    `gradient_replicas`; `plain_replicas=False` keeps FSDP2 there, as profiling/
+    bench_replication.py compares). `value_head=True` builds a critic: the decoder of the
     checkpoint with a scalar head per token (`score`; its `logits` are values, (.., 1)); a
     causal LM checkpoint's LM head is left out and the value head starts from a seeded normal
     init, a critic checkpoint's own head is loaded.
@@ -168,7 +170,7 @@ def build_fsdp_model(
         assert lora is not None
         model = add_adapters(model, lora, base_dtype=param_dtype, adapter_dtype=master_dtype)
 
-    plain = replicated_plainly(
+    plain = plain_replicas and replicated_plainly(
         tuple(mesh.shape),
         param_dtype=param_dtype,
         master_dtype=master_dtype,

@@ -5,16 +5,18 @@ layer's weights are all-gathered before its forward and again before its backwar
 gradients reduce-scattered after it. For a model whose whole training state is small beside
 the device, the memory saved is nothing and every collective is a point where the ranks wait
 for each other; on a shared CPU host that wait is most of the cost (gloo's small all-reduce
-takes 0.3-0.9 ms, its 90th percentile 4 ms, on a 2-core machine). HSDP with one replica per
-rank (a (world, 1) mesh) keeps the whole model on every rank: no all-gathers, one gradient
-all-reduce per unit.
+takes 0.3-0.9 ms, its 90th percentile 4 ms, on a 2-core machine). One replica per rank (a
+(world, 1) mesh) keeps the whole model on every rank: no all-gathers; where it computes in its
+master dtype it is a plain module whose gradients are averaged in one all-reduce a step
+(hybrid.workers.replicated), else FSDP2's HSDP with one all-reduce per unit.
 
 `actor.hsdp_replicas=0` (auto, the default) is that full replication on a CPU where the
 training state of every rank together (weights, gradients and AdamW's two moments in the
 master dtype) takes at most `AUTO_REPLICATE_SHARE` of the host's memory, for a dense model
 trained in full without sequence or expert parallelism; plain FSDP (1) otherwise, and always
 on a GPU, as verl and TRL run. Measured on the tiny GRPO step (2 gloo ranks on a 2-core CPU,
-16 rows a rank): the update took 0.70-0.95x FSDP's time (docs/benchmarks.md).
+16 rows a rank): the update as FSDP2's HSDP took 0.70-0.95x FSDP's time, as a plain module
+less again (docs/benchmarks.md, profiling/bench_replication.py).
 """
 
 from __future__ import annotations
