@@ -33,7 +33,7 @@ from hybrid.workers.forward import PassConfig, score_micro_batch, score_response
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, decoder_layers
 from hybrid.workers.grad_reduce import step_gradients
 from hybrid.workers.policy import PolicyTrainer
-from hybrid.workers.replicated import gradient_replicas
+from hybrid.workers.replicated import average_gradients, gradient_replicas
 from tests.integration.workers.test_fsdp import _spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -225,6 +225,12 @@ def _plain_replica_run(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path)
     optimizer = build_optimizer(model, 1e-3, 0.0, (0.9, 0.999), 1e-8)
     out["resumed_extra"] = load_checkpoint(ckpt, model, optimizer)
     out["resumed_params"] = _full(model)
+    # A parameter no rank used keeps no gradient; one used on some ranks gets the mean.
+    layers = torch.nn.ModuleList(torch.nn.Linear(2, 2, bias=False) for _ in range(3))
+    x = torch.full((1, 2), float(rank + 1))
+    (layers[0](x).sum() + (layers[1](x).sum() if rank == 1 else 0)).backward()
+    average_gradients(layers, gradient_replicas(layers, replicated))
+    out["sparse_grads"] = [None if p.grad is None else p.grad.clone() for p in layers.parameters()]
     # Compute in another dtype than the master weights: FSDP2 keeps the casts.
     mixed = build_fsdp_model(str(model_dir), replicated, CPU, param_dtype=torch.bfloat16)
     out["mixed_dtensors"] = all(isinstance(p, DTensor) for p in mixed.parameters())
@@ -274,8 +280,22 @@ def test_inductor_compiled_layers_match_eager(model_dir: Path, tmp_path: Path) -
     _check_compiled(_spawn(_compiled_run, tmp_path, model_dir, "inductor"))
 
 
-def test_gradients_reduced_once_per_step(model_dir: Path, tmp_path: Path) -> None:
-    for rank, r in enumerate(_spawn(_grad_reduce_run, tmp_path, model_dir)):
+def _gradient_runs(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> dict[str, Any]:
+    return {
+        "reduce_once": _grad_reduce_run(rank, mesh, model_dir),
+        "plain_replica": _plain_replica_run(rank, mesh, model_dir, ckpt),
+    }
+
+
+@pytest.fixture(scope="module")
+def gradient_runs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Both gradient checks in one spawn of the 2 ranks (a spawn costs seconds)."""
+    out = tmp_path_factory.mktemp("gradients")
+    return _spawn(_gradient_runs, out, model_dir, out / "ckpt")
+
+
+def test_gradients_reduced_once_per_step(gradient_runs: list[dict]) -> None:
+    for rank, r in enumerate(run["reduce_once"] for run in gradient_runs):
         per, once = r["per_micro_batch_reduce_scatters"], r["once_reduce_scatters"]
         # 3 micro-batches: every FSDP unit reduces 3 times, or once.
         assert per == 3 * once and once > 0, (rank, per, once)
@@ -285,8 +305,8 @@ def test_gradients_reduced_once_per_step(model_dir: Path, tmp_path: Path) -> Non
         assert r["per_micro_batch_reduces_after"] == r["once_reduces_after"] == once, rank
 
 
-def test_a_plainly_replicated_model_updates_as_fsdp_does(model_dir: Path, tmp_path: Path) -> None:
-    results = _spawn(_plain_replica_run, tmp_path, model_dir, tmp_path / "ckpt")
+def test_a_plainly_replicated_model_updates_as_fsdp_does(gradient_runs: list[dict]) -> None:
+    results = [run["plain_replica"] for run in gradient_runs]
     for rank, r in enumerate(results):
         assert r["sharded_dtensors"] and not r["sharded_averages"], rank
         assert not r["plain_dtensors"] and r["plain_averages"], rank
@@ -298,6 +318,10 @@ def test_a_plainly_replicated_model_updates_as_fsdp_does(model_dir: Path, tmp_pa
         assert r["resumed_extra"] == {"step": 2}
         for a, b in zip(r["plain_params"], r["resumed_params"], strict=True):
             assert torch.equal(a, b), rank
+        used_by_both, used_by_rank1, unused = r["sparse_grads"]
+        torch.testing.assert_close(used_by_both, torch.full((2, 2), 1.5))  # mean of 1 and 2
+        torch.testing.assert_close(used_by_rank1, torch.full((2, 2), 1.0))  # (0 + 2) / 2
+        assert unused is None, rank
     # Each rank trained its own copy on its own rows: the averaged gradients kept them equal.
     for a, b in zip(results[0]["plain_params"], results[1]["plain_params"], strict=True):
         assert torch.equal(a, b)
