@@ -273,7 +273,9 @@ def _quantiles(sorted_values: torch.Tensor, levels: torch.Tensor) -> torch.Tenso
     low = position.floor().long().clamp(0, last)
     high = (low + 1).clamp(max=last)
     fraction = position - low
-    return sorted_values[low] * (1 - fraction) + sorted_values[high] * fraction
+    # a + (b - a) f, not a (1 - f) + b f: between equal neighbours it is exactly their value,
+    # never an ulp below the smallest (a quantile under the minimum would break their order).
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
 
 
 def _interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:

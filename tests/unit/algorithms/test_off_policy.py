@@ -245,3 +245,15 @@ def test_merged_rank_summaries_match_the_pooled_stats() -> None:
         assert merged[f"rollout/{key}"] == pytest.approx(pooled[f"rollout/{key}"], rel=2e-3)
     empty = merge_ratio_summaries(ratio_summary(log_ratio[:0], caps)[None], caps)
     assert set(empty.values()) == {0.0}
+
+
+def test_the_quantiles_never_fall_below_the_smallest_ratio() -> None:
+    # Equal ratios an ulp from 1 (the fresh tokens of a bf16 engine): a quantile interpolated as
+    # a (1 - f) + b f came out an ulp below them, under ratio_min.
+    log_ratio = torch.full((37,), math.log(0.9999997615814493))
+    log_ratio[-3:] = 0.01
+    summaries = torch.stack([ratio_summary(log_ratio, {}), ratio_summary(log_ratio[:20], {})])
+    stats = merge_ratio_summaries(summaries, {})
+    assert stats["rollout/ratio_min"] <= stats["rollout/ratio_p01"] <= stats["rollout/ratio_p50"]
+    assert stats["rollout/ratio_p50"] <= stats["rollout/ratio_p99"] <= stats["rollout/ratio_max"]
+    assert stats["rollout/ratio_p01"] == stats["rollout/ratio_min"]
