@@ -43,9 +43,11 @@ CPU = torch.device("cpu")
 STEPS = 3
 COMPILE_ATOL = 1e-5
 """fp32 on CPU: compiled and eager log-probs, entropy and gradients agree within this."""
-REPLICA_ATOL = 1e-6
-"""fp32 on CPU: the plain replicas' weights after their updates and FSDP2's agree within this
-(the same sums in another order)."""
+REPLICA_ATOL = 1e-5
+"""fp32 on CPU, lr 1e-3: the plain replicas' weights after their two updates and FSDP2's agree
+within 1% of a step. The gradients are the same sums in another order, and where one element's
+gradient is near AdamW's eps (1e-8) its last-bit difference moves that element's step by a
+fraction of lr: measured 5.1e-6 on one of 64 with AVX2 kernels, under 1e-6 with AVX-512 ones."""
 PASS = PassConfig(micro_batch_size=2, packed=True, chunk_tokens=16)
 
 

@@ -142,7 +142,10 @@ def test_offload_moves_the_teacher_to_the_host_outside_its_pass() -> None:
 
 
 def test_on_cpu_the_teacher_stays_resident_and_nothing_reaches_the_host() -> None:
-    config = compose_config("config", ["distill.teacher_path=bench-100m", OFFLOADED])
+    # Sharded over both workers: `auto` replicas would replicate the tiny student, and the
+    # teacher with it, on this host (then its whole weights on each rank).
+    sharded = "actor.hsdp_replicas=1"
+    config = compose_config("config", ["distill.teacher_path=bench-100m", OFFLOADED, sharded])
     p = plan_memory(config, model_shape("tiny"), 16.0)
     shard = model_shape("bench-100m").shard(config.trainer.num_workers)
     dtype = round(p.phases["trainer/ready"].components_gib["teacher_params"] * GIB / shard)
