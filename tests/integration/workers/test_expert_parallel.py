@@ -31,7 +31,8 @@ from hybrid.workers.config import LoraConfig
 from hybrid.workers.expert_parallel import ExpertParallelExperts
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
-from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB, _spawn
+from tests.integration.workers.gloo_ranks import spawn_ranks
+from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -186,19 +187,19 @@ def _checkpoint_keys(model_dir: Path) -> set[str]:
 
 def test_ep2_equals_ep1_on_two_ranks(tmp_path: Path) -> None:
     dirs = _model_dirs(tmp_path / "models", ("qwen3_moe",))
-    results = _spawn(_run, tmp_path / "run", dirs, tmp_path, 2)
+    results = spawn_ranks(_run, tmp_path / "run", dirs, tmp_path, 2)
     _check(results, dirs, local_experts=2)
 
 
 @pytest.mark.full
 def test_ep2_with_a_shared_expert_equals_ep1_on_two_ranks(tmp_path: Path) -> None:
     dirs = _model_dirs(tmp_path / "models", ("qwen2_moe",))
-    results = _spawn(_run, tmp_path / "run", dirs, tmp_path, 2)
+    results = spawn_ranks(_run, tmp_path / "run", dirs, tmp_path, 2)
     _check(results, dirs, local_experts=2)
 
 
 @pytest.mark.full
 def test_ep2_with_split_expert_rows_equals_fsdp_on_four_ranks(tmp_path: Path) -> None:
     dirs = _model_dirs(tmp_path / "models")
-    results = _spawn(_run, tmp_path / "run", dirs, tmp_path, 2, world=4)
+    results = spawn_ranks(_run, tmp_path / "run", dirs, tmp_path, 2, world=4)
     _check(results, dirs, local_experts=2)

@@ -1,6 +1,6 @@
 """FSDP2 model build, training step, offload and sharded checkpoints on 2 gloo ranks (no Ray).
 
-Each spawned run (`torch.multiprocessing`, 2 processes, one CPU thread each) does many checks
+Each spawned run (`spawn_ranks`, 2 processes, one CPU thread each) does many checks
 and writes its numbers to `result_rank{r}.pt`; the tests below assert on them in the parent.
 Process start-up (importing torch and transformers) dominates, so there are only two runs:
 `first_run` (build, forward, train, offload, save) and the resumed run of the last test.
@@ -9,26 +9,20 @@ Process start-up (importing torch and transformers) dominates, so there are only
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
-from hybrid.ports import free_port
 from hybrid.sharding.gather import CoalescedGather
 from hybrid.sharding.offload import (
     offload_optimizer,
@@ -38,11 +32,10 @@ from hybrid.sharding.offload import (
 )
 from hybrid.workers.checkpoint import load_checkpoint, save_checkpoint
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
+from tests.integration.workers.gloo_ranks import spawn_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-WORLD_SIZE = 2
-SPAWN_TIMEOUT_S = 180
 CPU = torch.device("cpu")
 # bf16 compute (FSDP) vs fp32 (HF) on the tiny model, whose logits reach ~1.4: measured max
 # abs diffs are 5.3e-3 (bf16 checkpoint) and 6.5e-3 (fp32 checkpoint).
@@ -58,30 +51,6 @@ OPTIM_KWARGS: dict[str, Any] = {
 
 
 # --- spawned side -------------------------------------------------------------------------
-
-
-def _entry(
-    rank: int,
-    fn: Callable[..., dict[str, Any]],
-    port: int,
-    out_dir: Path,
-    args: tuple,
-    world: int = WORLD_SIZE,
-) -> None:
-    torch.set_num_threads(1)  # 2 ranks on 2 cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-        result = fn(rank, mesh, *args)
-        written = out_dir / f"result_rank{rank}.pt.tmp"
-        torch.save(result, written)
-        written.rename(out_dir / f"result_rank{rank}.pt")  # whole, or not there
-        # Leave together: a rank that tears gloo down while its peer is still inside the last
-        # collective's teardown can take the peer down with std::terminate (a rare abort).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _batch(step: int, rank: int) -> torch.Tensor:
@@ -274,39 +243,6 @@ def _resumed_run(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> di
 # --- parent side ---------------------------------------------------------------------------
 
 
-def _spawn(
-    fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any, world: int = WORLD_SIZE
-) -> list[dict[str, Any]]:
-    """Run `fn(rank, mesh, *args)` on `world` (2) fresh gloo ranks; return each rank's result."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    context = mp.start_processes(
-        _entry,
-        args=(fn, free_port("127.0.0.1"), out_dir, args, world),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    results = [out_dir / f"result_rank{r}.pt" for r in range(world)]
-    try:
-        while not context.join(timeout=1):  # raises if a rank failed
-            if time.monotonic() - start > SPAWN_TIMEOUT_S:
-                raise TimeoutError(f"{fn.__name__} did not finish in {SPAWN_TIMEOUT_S} s")
-    except mp.ProcessExitedException as error:
-        # gloo's teardown can still abort a rank (std::terminate) after every rank wrote its
-        # result: what the test checks is done then; any earlier failure is raised.
-        if not all(path.is_file() for path in results):
-            raise
-        print(f"{fn.__name__}: a rank aborted in gloo's teardown after the results ({error})")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-    print(f"{fn.__name__}: {time.monotonic() - start:.1f} s on {world} ranks")
-    return [torch.load(path, weights_only=False) for path in results]
-
-
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
@@ -327,7 +263,7 @@ def first_run(
 ) -> tuple[list[dict[str, Any]], Path]:
     out = tmp_path_factory.mktemp("first_run")
     ckpt = out / "checkpoints" / "step_1"
-    return _spawn(_first_run, out, model_dirs, ckpt), ckpt
+    return spawn_ranks(_first_run, out, model_dirs, ckpt), ckpt
 
 
 @pytest.mark.parametrize("variant", ["tied", "untied"])
@@ -409,7 +345,7 @@ def test_checkpoint_resume_is_bit_exact(
     with pytest.raises(FileNotFoundError, match="missing"):
         load_checkpoint(tmp_path / "missing", torch.nn.Linear(1, 1), None)
 
-    resumed = _spawn(_resumed_run, tmp_path / "resumed", model_dirs["tied"], ckpt)
+    resumed = spawn_ranks(_resumed_run, tmp_path / "resumed", model_dirs["tied"], ckpt)
     for before, after in zip(first, resumed, strict=True):
         assert after["extra"] == {"step": 1}
         assert after["resumed_losses"] == before["resumed_losses"]  # bit for bit

@@ -31,7 +31,8 @@ from hybrid.workers.config import LoraConfig
 from hybrid.workers.export import export_hf_model
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
 from hybrid.workers.lora import adapter_spec, expert_adapters
-from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB, _spawn
+from tests.integration.workers.gloo_ranks import spawn_ranks
+from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, VOCAB
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -148,7 +149,7 @@ def moe_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, An
         )
         for name in MOE_ARCHITECTURES
     }
-    return _spawn(_moe_run, root / "run", dirs, root), dirs
+    return spawn_ranks(_moe_run, root / "run", dirs, root), dirs
 
 
 @pytest.mark.parametrize("family", MOE_ARCHITECTURES)

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from hybrid.data.images import ImageSet, encode_png
 from hybrid.data.sample import Sample, samples_to_batch
 from hybrid.models import TinyModelConfig, build_tiny_model
-from tests.integration.workers.test_fsdp import _spawn
+from tests.integration.workers.gloo_ranks import spawn_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -149,7 +149,7 @@ def test_a_text_only_rank_runs_the_tower_and_the_step_equals_one_process(tmp_pat
         "tiny-vl", vocab="arithmetic", dtype="float32", initializer_range=0.1
     )
     model_dir = build_tiny_model(tmp_path / "vl", config, seed=0)
-    results = _spawn(_run, tmp_path / "run", model_dir)
+    results = spawn_ranks(_run, tmp_path / "run", model_dir)
     log_probs, grads = results[0]["reference"]
     for rank in range(2):
         got = results[rank]["trained"]["log_probs"]

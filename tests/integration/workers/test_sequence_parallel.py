@@ -24,7 +24,8 @@ from hybrid.workers.forward import PassConfig, score_micro_batch
 from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, clip_and_step
 from hybrid.workers.sequence_parallel import SpGroup
 from hybrid.workers.value import value_micro_batch
-from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS, _spawn
+from tests.integration.workers.gloo_ranks import spawn_ranks
+from tests.integration.workers.test_fsdp import CPU, OPTIM_KWARGS
 from tests.unit.workers.test_forward import ragged_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -134,13 +135,13 @@ def _check(results: list[dict], sp: int) -> None:
 
 
 def test_sp2_scores_and_gradients_equal_sp1(tmp_path: Path) -> None:
-    results = _spawn(_compare, tmp_path / "run", _dirs(tmp_path / "models", 2), 2)
+    results = spawn_ranks(_compare, tmp_path / "run", _dirs(tmp_path / "models", 2), 2)
     _check(results, 2)
 
 
 @pytest.mark.full
 def test_sp4_scores_and_gradients_equal_sp1(tmp_path: Path) -> None:
-    results = _spawn(_compare, tmp_path / "run", _dirs(tmp_path / "models", 4), 4, world=4)
+    results = spawn_ranks(_compare, tmp_path / "run", _dirs(tmp_path / "models", 4), 4, world=4)
     _check(results, 4)
 
 
@@ -166,7 +167,7 @@ def _dp2_sp2(rank: int, mesh: DeviceMesh, dirs: dict[str, Path]) -> dict:
 
 @pytest.mark.full
 def test_dp2_by_sp2_equals_dp_alone(tmp_path: Path) -> None:
-    results = _spawn(_dp2_sp2, tmp_path / "run", _dirs(tmp_path / "models", 2), world=4)
+    results = spawn_ranks(_dp2_sp2, tmp_path / "run", _dirs(tmp_path / "models", 2), world=4)
     for result in results:
         print(f"dp 2 x sp 2: {result}")
         assert result["grads"] < ATOL and result["log_probs"] < ATOL

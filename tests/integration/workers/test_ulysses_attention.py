@@ -27,7 +27,7 @@ from hybrid.workers.ulysses import (
     ulysses_attention,
 )
 from hybrid.workers.varlen_attention import takes_dense_call, varlen_sdpa_attention
-from tests.integration.workers.test_fsdp import _spawn
+from tests.integration.workers.gloo_ranks import spawn_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -146,7 +146,7 @@ def _run(rank: int, mesh: DeviceMesh) -> dict[str, Any]:
 )
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list:
     out = tmp_path_factory.mktemp(f"ulysses_sp{request.param}")
-    return _spawn(_run, Path(out), world=request.param)
+    return spawn_ranks(_run, Path(out), world=request.param)
 
 
 def test_cases_cover_gqa_and_both_varlen_branches(ranks: list[dict[str, Any]]) -> None:

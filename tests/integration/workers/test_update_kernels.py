@@ -34,7 +34,7 @@ from hybrid.workers.fsdp import build_fsdp_model, build_optimizer, decoder_layer
 from hybrid.workers.grad_reduce import step_gradients
 from hybrid.workers.policy import PolicyTrainer
 from hybrid.workers.replicated import average_gradients, gradient_replicas
-from tests.integration.workers.test_fsdp import _spawn
+from tests.integration.workers.gloo_ranks import spawn_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -274,12 +274,12 @@ def _check_compiled(results: list[dict[str, Any]]) -> None:
 
 
 def test_compiled_layers_match_eager_without_recompiles(model_dir: Path, tmp_path: Path) -> None:
-    _check_compiled(_spawn(_compiled_run, tmp_path, model_dir, "eager"))
+    _check_compiled(spawn_ranks(_compiled_run, tmp_path, model_dir, "eager"))
 
 
 @pytest.mark.full
 def test_inductor_compiled_layers_match_eager(model_dir: Path, tmp_path: Path) -> None:
-    _check_compiled(_spawn(_compiled_run, tmp_path, model_dir, "inductor"))
+    _check_compiled(spawn_ranks(_compiled_run, tmp_path, model_dir, "inductor"))
 
 
 def _gradient_runs(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> dict[str, Any]:
@@ -293,7 +293,7 @@ def _gradient_runs(rank: int, mesh: DeviceMesh, model_dir: Path, ckpt: Path) -> 
 def gradient_runs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Both gradient checks in one spawn of the 2 ranks (a spawn costs seconds)."""
     out = tmp_path_factory.mktemp("gradients")
-    return _spawn(_gradient_runs, out, model_dir, out / "ckpt")
+    return spawn_ranks(_gradient_runs, out, model_dir, out / "ckpt")
 
 
 def test_gradients_reduced_once_per_step(gradient_runs: list[dict]) -> None:
