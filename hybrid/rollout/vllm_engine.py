@@ -8,6 +8,7 @@ and `resume` do nothing and the state machine above them is unchanged.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,7 +21,7 @@ from transformers import AutoConfig
 
 from hybrid.data.images import ImageSet
 from hybrid.dtypes import Dtype, torch_dtype
-from hybrid.heap import freeze_heap
+from hybrid.heap import freeze_heap, heap_kept_frozen
 from hybrid.memory.model_shape import model_shape
 from hybrid.models.routers import experts_dtype
 from hybrid.rollout.base import (
@@ -500,11 +501,11 @@ class VllmEngine:
             self.resident |= set(tags)
 
     def shutdown(self) -> None:
-        """Free the engine before the process group goes away (vLLM raises otherwise)."""
-        del self.llm
-        import gc
-
-        gc.collect()
+        """Free the engine before the process group goes away (vLLM raises otherwise): the
+        engine's last call, its process ends soon after (the workers are killed next)."""
+        with heap_kept_frozen():  # vLLM's teardown would unfreeze the heap and scan it twice
+            del self.llm
+            gc.collect()
         remove_shm_segment(self._shm_segment)
 
 
