@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybrid.models import Architecture, TinyModelConfig, build_tiny_model
 from hybrid.models.tokenizer import VocabName
+from tests.forked import check_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -64,14 +63,7 @@ _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 def _run_vllm(model_dir: Path, out_path: Path) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model_dir), str(out_path), json.dumps(PROMPTS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, f"vLLM child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    check_python(_CHILD, str(model_dir), str(out_path), json.dumps(PROMPTS), env=env, timeout=240)
     return json.loads(out_path.read_text())
 
 

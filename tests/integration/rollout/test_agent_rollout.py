@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from transformers import AutoModelForCausalLM
 from hybrid.data.agent_task import write_agent_task
 from hybrid.data.sample import NO_VERSION
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.forked import check_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -118,21 +117,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     data = write_agent_task(root / "data", num_train=8, num_test=1)
     out = root / "out.json"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _CHILD,
-            str(model_dir),
-            str(data["train"]),
-            str(out),
-            str(PERTURBATION),
-        ],
-        check=True,
-        env=env,
-        cwd=ROOT,
-        timeout=240,
-    )
+    check_python(
+        _CHILD, str(model_dir), str(data["train"]), str(out), str(PERTURBATION),
+        env=env, cwd=ROOT, timeout=240,
+    )  # fmt: skip
     result = json.loads(out.read_text())
     result["model_dir"] = str(model_dir)
     result["weights"] = [str(out) + ".v0", str(out) + ".v1"]
@@ -301,13 +289,7 @@ def misbehaving(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = root / "out.json"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     args = [str(model_dir), str(tools), str(out), json.dumps(MODES), str(TOOL_TIMEOUT_S)]
-    subprocess.run(
-        [sys.executable, "-c", _MISBEHAVING_CHILD, *args, str(MAX_OUTPUT_CHARS)],
-        check=True,
-        env=env,
-        cwd=ROOT,
-        timeout=240,
-    )
+    check_python(_MISBEHAVING_CHILD, *args, str(MAX_OUTPUT_CHARS), env=env, cwd=ROOT, timeout=240)
     return json.loads(out.read_text())
 
 

@@ -19,13 +19,12 @@ tests/integration/models/test_tiny_model_vllm.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.forked import check_python
 from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -128,12 +127,7 @@ def test_direct_load_equals_reload_on_either_layout(tmp_path: Path, dtype: str, 
     model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
     out = tmp_path / "out.json"
     env = engine_child_env()
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model_dir), str(out), dtype],
-        env=env,
-        check=True,
-        timeout=240,
-    )
+    check_python(_CHILD, str(model_dir), str(out), dtype, env=env, timeout=240)
     result = json.loads(out.read_text())
     print(f"{dtype} engine, {result['layout']} weights, {'tied' if tied else 'untied'} head")
     assert result["auto"] == "direct"  # the tiny Qwen2 has only unquantized linears

@@ -16,13 +16,12 @@ tests/integration/models/test_tiny_model_vllm.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.forked import check_python
 from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -105,12 +104,7 @@ def test_experts_stay_exact_over_twenty_syncs(
     model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
     out = tmp_path / "out.json"
     env = engine_child_env()
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model_dir), str(out), str(SYNCS), strategy],
-        env=env,
-        check=True,
-        timeout=240,
-    )
+    check_python(_CHILD, str(model_dir), str(out), str(SYNCS), strategy, env=env, timeout=240)
     result = json.loads(out.read_text())
     gaps = result["gaps"]
     print(f"{architecture}: engine vs transformers, worst |log-prob gap| per sync: {gaps}")

@@ -14,8 +14,6 @@ in tests/integration/models/test_tiny_model_vllm.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.forked import check_python
 from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -104,12 +103,7 @@ def test_interrupted_samples_continue_under_the_new_weights(tmp_path: Path) -> N
     out = tmp_path / "out.json"
     env = engine_child_env()
     args = json.dumps([list(PROMPTS), STEPS_BEFORE_SYNC, BUDGET, PERTURBATION])
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model_dir), str(out), args],
-        env=env,
-        check=True,
-        timeout=240,
-    )
+    check_python(_CHILD, str(model_dir), str(out), args, env=env, timeout=240)
     result = json.loads(out.read_text())
     samples = result["samples"]
     assert len(samples) == len(PROMPTS) * 2

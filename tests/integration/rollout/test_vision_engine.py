@@ -13,13 +13,12 @@ process for the reason given in tests/integration/models/test_tiny_model_vllm.py
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.forked import check_python
 from tests.integration.rollout.engine_child import engine_child_env
 
 # `full`: by default the VLM's engine path runs in trainer/test_vlm_grpo.py (the engine's
@@ -107,12 +106,7 @@ def test_image_prompts_score_exactly_over_ten_syncs_and_placeholders_are_never_s
     )
     model_dir = build_tiny_model(tmp_path / "model", config, seed=0)
     out = tmp_path / "out.json"
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model_dir), str(out), str(SYNCS)],
-        env=engine_child_env(),
-        check=True,
-        timeout=240,
-    )
+    check_python(_CHILD, str(model_dir), str(out), str(SYNCS), env=engine_child_env(), timeout=240)
     result = json.loads(out.read_text())
     gaps = result["gaps"]
     print(f"tiny Qwen2-VL: engine vs transformers, worst |log-prob gap| per sync: {gaps}")

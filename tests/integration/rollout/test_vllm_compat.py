@@ -12,13 +12,12 @@ tests/integration/models/test_tiny_model_vllm.py for why).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybrid.models import TinyModelConfig, build_tiny_model
+from tests.forked import check_python
 from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -68,12 +67,7 @@ def test_tied_lm_head_is_fresh_after_reload_on_either_layout(tmp_path: Path, dty
     model_dir = build_tiny_model(tmp_path / "tied", TinyModelConfig.preset("tiny"), seed=0)
     out = tmp_path / "out.json"
     env = engine_child_env()
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model_dir), str(out), dtype],
-        env=env,
-        check=True,
-        timeout=240,
-    )
+    check_python(_CHILD, str(model_dir), str(out), dtype, env=env, timeout=240)
     result = json.loads(out.read_text())
     print(
         f"{dtype} engine, {result['layout']} weights: tied lm_head GEMM relative error after "

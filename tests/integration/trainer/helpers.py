@@ -14,6 +14,7 @@ from hybrid.models import TinyModelConfig, build_tiny_model
 from hybrid.models.config import PresetName
 from hybrid.trainer.compose import compose
 from hybrid.trainer.config import TrainerRunConfig
+from tests.forked import check_python
 
 # Metrics that differ between runs by nature (wall time, memory); the rest repeat exactly.
 UNREPEATABLE = ("timing_s/", "perf/", "memory/")
@@ -136,14 +137,7 @@ print("generated", list(out[0].outputs[0].token_ids))
 def assert_generates_in_vllm(model_dir: Path) -> None:
     """A fresh bf16 vLLM loads `model_dir` and generates (in a child process: this one may
     hold a torch.distributed world; the child asks for AMX tiles first)."""
-    child = subprocess.run(
-        [sys.executable, "-c", _VLLM_GENERATE, str(model_dir)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
+    child = check_python(_VLLM_GENERATE, str(model_dir), env=child_env(), timeout=240)
     assert "generated" in child.stdout
 
 

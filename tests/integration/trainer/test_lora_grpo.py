@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from hybrid.sharding.lora_files import ADAPTER_WEIGHTS
 from hybrid.trainer.config import TrainerRunConfig
 from hybrid.trainer.loop import Driver
 from hybrid.workers.lora import LORA_ADAPTER_DIR
+from tests.forked import check_python
 from tests.integration.trainer.helpers import (
     UNREPEATABLE,
     child_env,
@@ -134,12 +133,10 @@ def test_lora_run_syncs_adapters_and_exports_them(lora_run: tuple[Path, Path]) -
     # The fresh engine computes in the dtype the run's engine resolved to (config.json): a
     # trained adapter's near-ties can break differently in bf16 and fp32.
     engine_dtype = json.loads((out / "config.json").read_text())["rollout"]["dtype"]
-    child = subprocess.run(
-        [sys.executable, "-c", _VLLM_GREEDY, str(assets / "model"), str(adapter),
-         json.dumps(prompts), str(NEW_TOKENS), engine_dtype],
-        env=child_env(), capture_output=True, text=True, timeout=300,
+    child = check_python(
+        _VLLM_GREEDY, str(assets / "model"), str(adapter), json.dumps(prompts), str(NEW_TOKENS),
+        engine_dtype, env=child_env(), timeout=300,
     )  # fmt: skip
-    assert child.returncode == 0, child.stderr[-3000:]
     line = next(x for x in child.stdout.splitlines() if x.startswith("TOKENS "))
     vllm_tokens = json.loads(line.removeprefix("TOKENS "))
     print(f"greedy: base {base_tokens}, peft {peft_tokens}, vLLM+adapter {vllm_tokens}")
@@ -223,6 +220,7 @@ def test_bad_lora_settings_fail_before_workers_start(tmp_path: Path) -> None:
     for tokenizer_file in (assets / "model").glob("tokenizer*"):  # a model dir holds its tokenizer
         shutil.copy(tokenizer_file, gptj)
     with pytest.raises(
-        ValueError, match=r"sync\.lora_mode=adapter: rollout\.engine=vllm has no LoRA support for GPTJForCausalLM"
+        ValueError,
+        match=r"sync\.lora_mode=adapter: rollout\.engine=vllm has no LoRA support for GPTJForCausalLM",
     ):
         Driver(make_config(assets, tmp_path, f"model.path={gptj}", "model.lora.rank=8"))

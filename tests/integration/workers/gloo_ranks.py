@@ -1,15 +1,13 @@
 """Run a function on a few gloo ranks on this machine (no Ray): `spawn_ranks(fn, out_dir, ...)`.
 
-The ranks are forked from a forkserver that imported torch, transformers and our FSDP code
-once: a fresh interpreter per rank spent about 5 of its 8.6 s of CPU on those imports (18 such
-processes in the default suite, 2026-12-03). The forkserver is one per pytest process and ends
-with it. Each rank takes the environment its parent had at the call, not the forkserver's from
-when it started (a test may change it, e.g. to turn torch.compile on for its ranks).
+The ranks are forked from the suite's preloaded server (tests/forked.py): a fresh interpreter
+per rank spent about 5 of its 8.6 s of CPU importing torch, transformers and our FSDP code (18
+such processes in the default suite, 2026-12-03). Each rank takes the environment its parent
+had at the call (a test may change it, e.g. to turn torch.compile on for its ranks).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections.abc import Callable
@@ -22,19 +20,10 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
 from hybrid.ports import free_port
+from tests.forked import forkserver
 
 WORLD_SIZE = 2
 SPAWN_TIMEOUT_S = 180
-PRELOADED = [
-    "torch",
-    "torch.distributed.fsdp",
-    "torch.distributed.tensor",
-    "transformers",
-    "hybrid.workers.fsdp",
-    "hybrid.workers.checkpoint",
-    "hybrid.models",
-]
-"""What the forkserver imports before it forks the first rank."""
 
 
 def _entry(
@@ -64,13 +53,6 @@ def _entry(
         dist.destroy_process_group()
 
 
-def _forkserver_preloading(fn: Callable[..., Any]) -> str:
-    """The forkserver start method, its imports named (they count only before it starts):
-    ours, and the module that defines `fn`, so the ranks need not import it themselves."""
-    multiprocessing.set_forkserver_preload([*PRELOADED, fn.__module__])
-    return "forkserver"
-
-
 def spawn_ranks(
     fn: Callable[..., dict[str, Any]], out_dir: Path, *args: Any, world: int = WORLD_SIZE
 ) -> list[dict[str, Any]]:
@@ -82,7 +64,7 @@ def spawn_ranks(
         args=(fn, free_port("127.0.0.1"), out_dir, args, world, dict(os.environ)),
         nprocs=world,
         join=False,
-        start_method=_forkserver_preloading(fn),
+        start_method=forkserver(fn.__module__),  # the ranks need not import it
     )
     results = [out_dir / f"result_rank{r}.pt" for r in range(world)]
     try:
