@@ -27,7 +27,8 @@ def test_a_teardown_s_unfreeze_keeps_the_heap_frozen_and_collects_what_came_afte
         gone = weakref.ref(a)
         del a, b
         gc.unfreeze()  # what vLLM's engine shutdown calls before its full collections
-        assert gc.get_freeze_count() >= frozen
+        # Still frozen (a real unfreeze leaves 0); a few frozen objects may have died since.
+        assert gc.get_freeze_count() > frozen // 2 > 0
         gc.collect()
         assert gone() is None
     assert gc.unfreeze is unfreeze
