@@ -74,9 +74,8 @@ def check_python(
 ) -> subprocess.CompletedProcess[str]:
     """run_python that fails the test, quoting the child's output, unless the child exits 0."""
     done = run_python(code, *argv, env=env, timeout=timeout, cwd=cwd)
-    assert done.returncode == 0, (
-        f"child exited {done.returncode}:\n{done.stdout[-3000:]}\n" + (done.stderr[-6000:])
-    )
+    output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"child exited {done.returncode}:\n{output}"
     return done
 
 

@@ -9,7 +9,6 @@ log-probs as JSON; the parent scores the same tokens with the HF model.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybrid.models import Architecture, TinyModelConfig, build_tiny_model
 from hybrid.models.tokenizer import VocabName
 from tests.forked import check_python
+from tests.integration.rollout.engine_child import engine_child_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -56,13 +56,11 @@ with open(out_path, "w") as f:
     json.dump(results, f)
 """
 
-# Set by other tests in this process (torch.distributed); the child must not join that world.
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 def _run_vllm(model_dir: Path, out_path: Path) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Without torch.distributed's variables other tests in this process set: the child must
+    # not join that world.
+    env = engine_child_env()
     check_python(_CHILD, str(model_dir), str(out_path), json.dumps(PROMPTS), env=env, timeout=240)
     return json.loads(out_path.read_text())
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from hybrid.models.config import PresetName
 from hybrid.trainer.compose import compose
 from hybrid.trainer.config import TrainerRunConfig
 from tests.forked import check_python
+from tests.integration.rollout.engine_child import engine_child_env as child_env
 
 # Metrics that differ between runs by nature (wall time, memory); the rest repeat exactly.
 UNREPEATABLE = ("timing_s/", "perf/", "memory/")
@@ -109,18 +109,6 @@ def make_config(assets: Path, output_dir: Path, *overrides: str) -> TrainerRunCo
         ],
     )
     return build_config(cfg)
-
-
-def child_env() -> dict[str, str]:
-    """The environment for a child process that starts its own vLLM: without this process's
-    torch.distributed variables, and with the engine in the child's own process."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    return env
 
 
 _VLLM_GENERATE = """

@@ -2,7 +2,7 @@
 
 Each spawned run (`spawn_ranks`, 2 processes, one CPU thread each) does many checks
 and writes its numbers to `result_rank{r}.pt`; the tests below assert on them in the parent.
-Process start-up (importing torch and transformers) dominates, so there are only two runs:
+A run's rendezvous and model build dominate its checks, so there are only two runs:
 `first_run` (build, forward, train, offload, save) and the resumed run of the last test.
 """
 
